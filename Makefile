@@ -1,0 +1,40 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README.md).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned in pyproject.toml and installed first by name: its CPU wheel is on these
+# machines, and a looser resolution downloads gigabytes of CUDA packages.
+TORCH := torch==2.13.0
+
+.PHONY: install install-dev install-bench demo test test-slow bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+
+install-dev: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev]'
+
+install-bench: $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev,bench]'
+
+demo: install
+	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475
+
+test: install-dev
+	$(BIN)/python -m pytest -n 2 -q
+
+test-slow: install-dev
+	$(BIN)/python -m pytest -n 2 -q -m slow
+
+bench: install-bench
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,38 @@
+"""Helpers shared by the benchmark scripts: machine description and result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> str:
+    """One line naming the machine the figures come from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}"
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def save(name: str, result: dict) -> Path:
+    """Write a benchmark's figures to benchmarks/results/NAME.json (git-ignored)."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), "time": time.strftime("%Y-%m-%d %H:%M"), **result}, indent=2))
+    return path

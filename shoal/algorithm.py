@@ -1,0 +1,188 @@
+"""The driver: builds the roles on a backend and runs ``sample -> update -> sync weights``.
+
+``shoal.make(config)`` returns an :class:`Algorithm`; ``train()`` runs one iteration and returns
+flat metrics. Nothing here depends on where the roles run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal import checkpoint as ckpt
+from shoal.algos import get, spec_for
+from shoal.backends import make_backend
+from shoal.config import merge, to_dict
+from shoal.envs import describe_space, env_spaces, space_from_description
+from shoal.errors import ShoalError
+from shoal.evaluator import Evaluator
+from shoal.policy import Policy, set_weights
+from shoal.runner import EnvRunner
+
+EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
+
+
+class Algorithm:
+    """A training run's roles and counters. Use as a context manager, or call ``stop()``."""
+
+    def __init__(self, config: Any):
+        self.started = time.perf_counter()
+        self.config, self.spec = config, spec_for(config)
+        self.obs_space, self.action_space = env_spaces(config.env)
+        self.backend = make_backend(config)
+        try:
+            self.store = self.backend.weight_store()
+            self.learner = self.backend.make(self.spec.learner_cls, config, self.obs_space,
+                                             self.action_space, self.store, name="learner")
+            self.runners = [self.backend.make(EnvRunner, config, i, self.store, name=f"runner-{i}",
+                                              num_cpus=self.backend.runner_cpus())
+                            for i in range(config.num_env_runners)]
+            self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
+            self.backend.get(self.learner.call("publish"))
+        except BaseException:
+            self.backend.shutdown()
+            raise
+        self.iteration = 0
+        self.env_steps = 0
+        self.num_episodes = 0
+        self.policy_version = 0
+        self.elapsed_s = 0.0  # time spent in train(), carried across resumes
+        self.wall_offset_s = 0.0  # wall time of earlier sessions of this run (resume)
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.recent_lengths: deque[int] = deque(maxlen=100)
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self) -> dict[str, float]:
+        """One iteration: every runner samples, the learner updates and publishes."""
+        start = time.perf_counter()
+        rollouts = [r.call("sample", self.config.rollout_steps) for r in self.runners]
+        result = self.backend.get(self.learner.call("update", *rollouts))
+        seconds = time.perf_counter() - start
+        self.iteration += 1
+        self.env_steps += result.env_steps
+        self.policy_version = result.version
+        self.elapsed_s += seconds
+        self.num_episodes += len(result.episode_returns)
+        self.recent_returns.extend(result.episode_returns)
+        self.recent_lengths.extend(result.episode_lengths)
+        metrics = {"iteration": self.iteration, "env_steps": self.env_steps,
+                   "time/elapsed_s": self.elapsed_s, "time/wall_s": self.wall_s, "time/iteration_s": seconds,
+                   "time/env_steps_per_s": result.env_steps / seconds,
+                   "episode/count": self.num_episodes,
+                   "learner/policy_version": result.version}
+        if self.recent_returns:
+            metrics["episode/return_mean"] = float(np.mean(self.recent_returns))
+            metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
+        metrics.update(result.metrics)
+        return metrics
+
+    def evaluate(self, episodes: int | None = None, deterministic: bool | None = None) -> dict[str, float]:
+        """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""
+        c = self.config
+        out = self.backend.get(self.evaluator.call(
+            "evaluate", episodes or c.eval_episodes,
+            c.eval_deterministic if deterministic is None else deterministic,
+            c.seed + EVAL_SEED_OFFSET))
+        return {"iteration": self.iteration, "env_steps": self.env_steps, "time/elapsed_s": self.elapsed_s,
+                **out, "time/wall_s": self.wall_s}
+
+    @property
+    def wall_s(self) -> float:
+        """Wall time of the run so far: start-up, sampling, learning, evaluation, checkpoints."""
+        return self.wall_offset_s + time.perf_counter() - self.started
+
+    # -- deployment -----------------------------------------------------------------------
+    def get_policy(self) -> Policy:
+        """The current policy, in this process, for ``policy.act(obs)``."""
+        module = self.spec.make_policy(self.config, self.obs_space, self.action_space)
+        set_weights(module, self.backend.get(self.learner.call("get_weights")))
+        return Policy(module, self.policy_version)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write a complete checkpoint directory at ``path`` (atomically)."""
+        learner_state = self.backend.get(self.learner.call("get_state"))
+        runner_states = self.backend.get([r.call("get_state") for r in self.runners])
+        policy = {"format": 1, "algo": self.spec.name, "config": to_dict(self.config),
+                  "obs_space": describe_space(self.obs_space), "action_space": describe_space(self.action_space),
+                  "weights": {k: torch.tensor(v) for k, v in learner_state["weights"].items()},
+                  "version": learner_state["version"]}
+        driver = {"iteration": self.iteration, "env_steps": self.env_steps, "num_episodes": self.num_episodes,
+                  "elapsed_s": self.elapsed_s, "wall_s": self.wall_s, "recent_returns": list(self.recent_returns),
+                  "recent_lengths": list(self.recent_lengths)}
+        meta = {"algo": self.spec.name, "env": self.config.env, "iteration": self.iteration,
+                "env_steps": self.env_steps, "policy_version": learner_state["version"], "time": time.time()}
+        return ckpt.write_checkpoint(Path(path), policy,
+                                     {"learner": learner_state, "runners": runner_states, "driver": driver}, meta)
+
+    def restore(self, path: str | Path) -> None:
+        """Continue from a checkpoint of the same algorithm: weights, optimiser, counters, RNG, envs."""
+        path = ckpt.resolve(path)
+        meta = ckpt.read_meta(path)
+        if meta["algo"] != self.spec.name:
+            raise ShoalError(f"checkpoint {path} is from algorithm {meta['algo']!r}, not {self.spec.name!r}")
+        state = ckpt.read_state(path)
+        self.backend.get(self.learner.call("set_state", state["learner"]))
+        runners = state["runners"]
+        if len(runners) == len(self.runners):
+            self.backend.get([r.call("set_state", s) for r, s in zip(self.runners, runners)])
+        d = state["driver"]
+        self.iteration, self.env_steps, self.num_episodes = d["iteration"], d["env_steps"], d["num_episodes"]
+        self.elapsed_s, self.policy_version = d["elapsed_s"], state["learner"]["version"]
+        self.wall_offset_s, self.started = d["wall_s"], time.perf_counter()
+        self.recent_returns.extend(d["recent_returns"])
+        self.recent_lengths.extend(d["recent_lengths"])
+
+    def stop(self) -> None:
+        """Release the roles (and Ray, if this run started it)."""
+        self.backend.shutdown()
+
+    def __enter__(self) -> "Algorithm":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def config_from_dict(algo: str, values: dict[str, Any], source: str = "checkpoint") -> Any:
+    """Rebuild a config of algorithm ``algo`` from a plain dict."""
+    cls = get(algo).config_cls
+    return cls(**merge(cls, {}, values, source))
+
+
+def make(config: Any) -> Algorithm:
+    """Build an algorithm's roles from its config: ``algo = shoal.make(PPOConfig(env=...))``."""
+    return Algorithm(config)
+
+
+def load(path: str | Path, **overrides: Any) -> Algorithm:
+    """An Algorithm restored from a checkpoint or run directory, ready to train on or evaluate.
+
+    ``overrides`` replace config fields (e.g. ``backend="local"``, ``total_steps=...``).
+    """
+    path = ckpt.resolve(path)
+    payload = ckpt.read_policy(path)
+    config = config_from_dict(payload["algo"], {**payload["config"], **overrides})
+    algo = Algorithm(config)
+    try:
+        algo.restore(path)
+    except BaseException:
+        algo.stop()
+        raise
+    return algo
+
+
+def load_policy(path: str | Path) -> Policy:
+    """The policy of a checkpoint for deployment; reads no pickled code and starts no roles."""
+    path = ckpt.resolve(path)
+    payload = ckpt.read_policy(path)
+    config = config_from_dict(payload["algo"], payload["config"])
+    module = get(payload["algo"]).make_policy(config, space_from_description(payload["obs_space"]),
+                                              space_from_description(payload["action_space"]))
+    module.load_state_dict(payload["weights"])
+    return Policy(module, payload["version"])

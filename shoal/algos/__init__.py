@@ -1,0 +1,48 @@
+"""The algorithm registry: name -> config class, learner class, policy builder."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from shoal.errors import ShoalError
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    """What shoal needs to know to run an algorithm."""
+
+    name: str
+    config_cls: type
+    learner_cls: type
+    make_policy: Callable[..., Any]  # (config, obs_space, action_space) -> policy module
+    loop: str  # which driver loop: "on_policy"
+    summary: str
+
+
+ALGOS: dict[str, AlgoSpec] = {}
+
+
+def register(spec: AlgoSpec) -> AlgoSpec:
+    """Make an algorithm available to ``shoal.make`` and the CLI."""
+    ALGOS[spec.name] = spec
+    return spec
+
+
+def get(name: str) -> AlgoSpec:
+    """The spec of algorithm ``name``, or a clear error listing the available ones."""
+    spec = ALGOS.get(name.lower())
+    if spec is None:
+        close = difflib.get_close_matches(name.lower(), list(ALGOS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ShoalError(f"unknown algorithm {name!r}{hint}; available: {', '.join(sorted(ALGOS))}")
+    return spec
+
+
+def spec_for(config: Any) -> AlgoSpec:
+    """The spec of the algorithm a config belongs to."""
+    return get(config.algo)
+
+
+from shoal.algos import ppo  # noqa: E402,F401  (registers itself)

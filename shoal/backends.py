@@ -1,0 +1,170 @@
+"""Placement: the only module that knows about Ray.
+
+A backend creates roles and returns handles with one method, ``call(method, *args)``, which
+returns a future; ``backend.get(futures)`` waits for them. Locally a call runs at once and its
+future is the value; on Ray it is an actor method call and its future an ObjectRef, and
+futures passed as arguments travel runner -> learner without passing through the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from shoal.errors import ShoalError
+from shoal.weights import WeightStore
+
+
+class LocalHandle:
+    """A role living in this process."""
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` now; the 'future' is its result."""
+        return getattr(self.obj, method)(*args, **kwargs)
+
+
+class LocalBackend:
+    """Every role a plain object in the driver's process: deterministic, debuggable, no Ray."""
+
+    name = "local"
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0) -> LocalHandle:
+        """Create a role."""
+        return LocalHandle(cls(*args))
+
+    def get(self, futures: Any) -> Any:
+        """Results of futures (already computed)."""
+        return futures
+
+    def weight_store(self) -> WeightStore:
+        """A store the roles share by reference."""
+        return WeightStore()
+
+    def runner_cpus(self) -> float:
+        """CPUs to reserve per runner (nothing to reserve in-process)."""
+        return 0.0
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+
+class RayHandle:
+    """A role living in a Ray actor."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on the actor; returns an ObjectRef."""
+        return getattr(self.actor, method).remote(*args, **kwargs)
+
+
+class RayWeightStore:
+    """Client of a WeightStore actor: weights go through the object store, published once.
+
+    The actor holds ``[ObjectRef]`` (a list, so Ray does not resolve it), so each publish is one
+    ``ray.put`` and every subscriber reads the same shared, zero-copy arrays.
+    """
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def publish(self, policy_id: str, version: int, weights: Any) -> int:
+        import ray
+
+        return ray.get(self.actor.publish.remote(policy_id, version, [ray.put(weights)]))
+
+    def latest(self, policy_id: str, newer_than: int = -1) -> tuple[int, Any] | None:
+        import ray
+
+        got = ray.get(self.actor.latest.remote(policy_id, newer_than))
+        return None if got is None else (got[0], ray.get(got[1][0]))
+
+    def version(self, policy_id: str) -> int:
+        import ray
+
+        return ray.get(self.actor.version.remote(policy_id))
+
+
+class RayBackend:
+    """Every role a Ray actor. Starts a local cluster, or joins one with ``--address``."""
+
+    name = "ray"
+
+    def __init__(self, config: Any):
+        import ray
+
+        self.config = config
+        self.actors: list[Any] = []
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            _check_reachable(config.address)
+            try:
+                ray.init(address=config.address, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=True)
+            except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
+                where = config.address or "a new local cluster"
+                raise ShoalError(f"cannot start or reach Ray at {where}: {str(e).splitlines()[0]} "
+                                 "(start one with `ray start --head`, or drop --address)") from None
+        self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
+
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0) -> RayHandle:
+        """Create ``cls(*args)`` as an actor. Helpers take no CPU so they never wait for one."""
+        import ray
+
+        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None).remote(*args)
+        self.actors.append(actor)
+        return RayHandle(actor)
+
+    def get(self, futures: Any) -> Any:
+        """Wait for ObjectRefs; an actor's exception is raised here."""
+        import ray
+
+        return ray.get(futures)
+
+    def weight_store(self) -> RayWeightStore:
+        """A WeightStore actor and the client every role shares."""
+        return RayWeightStore(self.make(WeightStore, name="weight-store").actor)
+
+    def runner_cpus(self) -> float:
+        """One CPU per runner where the cluster has them, else a fair share: an actor asking for
+        more CPUs than exist would wait forever (MEASURED.md)."""
+        return min(1.0, self.cpus / self.config.num_env_runners) if self.cpus else 0.0
+
+    def shutdown(self) -> None:
+        """Stop our actors; stop Ray if we started it."""
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors.clear()
+        if self.owns_ray:
+            ray.shutdown()
+
+
+def _check_reachable(address: str | None) -> None:
+    """Fail in seconds, not minutes, when a host:port address does not answer: ``ray.init`` keeps
+    retrying an unreachable GCS for a long time before giving up."""
+    import socket
+
+    if not address or address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ShoalError(f"--address must be 'auto' or host:port, got {address!r}")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as e:
+        raise ShoalError(f"cannot reach a Ray cluster at {address}: {e.strerror or e} "
+                         "(is `ray start --head` running there?)") from None
+
+
+def make_backend(config: Any) -> LocalBackend | RayBackend:
+    """The backend ``config.backend`` names."""
+    return {"local": LocalBackend, "ray": RayBackend}[config.backend](config)

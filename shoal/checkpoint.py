@@ -1,0 +1,119 @@
+"""Checkpoints: written atomically, found by recency, refused when they do not fit.
+
+A checkpoint is a directory with three files:
+- ``policy.pt``: config, spaces and policy weights; plain tensors and strings, so deployment
+  loads it with ``torch.load(weights_only=True)`` and runs no pickled code.
+- ``state.pt``: everything resuming needs (optimiser, counters, RNG, envs mid-episode). It is
+  pickled: load only checkpoints you wrote yourself.
+- ``meta.json``: algorithm, env, counters, for listing and quick checks.
+
+It is written into a temporary sibling and renamed into place, so a directory with the final
+name is always complete; a kill mid-write leaves only a ``.tmp`` directory, ignored and cleaned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shoal.errors import ShoalError
+
+POLICY_FILE, STATE_FILE, META_FILE = "policy.pt", "state.pt", "meta.json"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(path: Path, policy: dict[str, Any], state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write a checkpoint directory at ``path`` atomically (replacing one already there)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(policy, tmp / POLICY_FILE)
+    torch.save(state, tmp / STATE_FILE)
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+    for name in (POLICY_FILE, STATE_FILE, META_FILE):
+        with open(tmp / name, "rb") as f:
+            os.fsync(f.fileno())
+    if path.exists():  # e.g. "best": move the old one aside first, then swap in the new one
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, path)
+    _fsync_dir(path.parent)
+    return path
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint directory."""
+    return all((Path(path) / f).is_file() for f in (POLICY_FILE, STATE_FILE, META_FILE))
+
+
+def checkpoints_in(run_dir: Path) -> list[Path]:
+    """Complete periodic checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    found = [p for p in root.glob("ckpt_*") if is_checkpoint(p)] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint directory from a checkpoint or run directory (the newest valid one)."""
+    p = Path(path)
+    if not p.exists():
+        raise ShoalError(f"{p} does not exist: give a run directory or a checkpoint directory")
+    if is_checkpoint(p):
+        return p
+    found = checkpoints_in(p)
+    if not found:
+        raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
+    return found[-1]
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The meta.json of a checkpoint."""
+    return json.loads((Path(path) / META_FILE).read_text())
+
+
+def read_policy(path: Path) -> dict[str, Any]:
+    """The deployment payload of a checkpoint, loaded without running pickled code."""
+    return torch.load(Path(path) / POLICY_FILE, weights_only=True)
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The full training state of a checkpoint (pickled: your own checkpoints only)."""
+    return torch.load(Path(path) / STATE_FILE, weights_only=False)
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest periodic checkpoints, and stale temporary ones."""
+    for old in checkpoints_in(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = Path(run_dir) / "checkpoints"
+    for stale in root.glob(".*.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

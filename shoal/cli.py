@@ -1,0 +1,212 @@
+"""The ``shoal`` command: train, eval, plot, algos, envs.
+
+User mistakes end in one line on stderr and exit code 2; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import tyro
+from rich.console import Console
+from rich.table import Table
+
+from shoal.errors import ShoalError
+
+USAGE = """usage: shoal COMMAND ...
+
+commands:
+  train ALGO --env ENV_ID [options]   train (see `shoal train ALGO --help` for every option)
+  train --resume RUN_DIR              continue a run from its newest checkpoint
+  eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic)
+  plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time)
+  algos                               list algorithms and their presets
+  envs                                list environment ids
+"""
+
+TRAIN_HELP = """Train {algo} on a Gymnasium environment.
+
+Settings come from, in rising priority: the defaults below, the shipped preset for
+(algorithm, env), --config FILE.yaml (a flat mapping of these settings), --set key=value
+(repeatable; values read as YAML), and the flags below.
+
+Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run)."""
+
+
+def _pre_parser() -> argparse.ArgumentParser:
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    pre.add_argument("--set", action="append", nargs="+", default=[])
+    pre.add_argument("--resume")
+    pre.add_argument("--env")
+    return pre
+
+
+def cmd_train(argv: list[str], console: Console) -> int:
+    from shoal import algos, config as cfg, trainer
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.splitlines()[0].replace("COMMAND", "train ALGO") + "\n\nalgorithms: " + ", ".join(sorted(algos.ALGOS)))
+        return 0 if argv else 2
+    algo_name = None if argv[0].startswith("-") else argv[0]
+    known, rest = _pre_parser().parse_known_args(argv[1:] if algo_name else argv)
+    sets = cfg.parse_set([item for group in known.set for item in group])
+    if known.resume:
+        from shoal.algorithm import config_from_dict
+
+        saved = trainer.read_run_config(known.resume)
+        name = saved.pop("algo")
+        if algo_name is not None and algos.get(algo_name).name != name:
+            raise ShoalError(f"{known.resume} is a {name!r} run, not {algo_name!r}")
+        base = config_from_dict(name, {**saved, **({"env": known.env} if known.env else {}), **sets}, "--resume")
+    else:
+        if algo_name is None:
+            raise ShoalError("name an algorithm: shoal train ALGO --env ENV_ID (or --resume RUN_DIR); "
+                             f"algorithms: {', '.join(sorted(algos.ALGOS))}")
+        spec = algos.get(algo_name)
+        name = spec.name
+        base = cfg.build(spec.config_cls, name, env=known.env, file=known.config, sets=sets)
+    cls = type(base)
+    config = tyro.cli(cls, default=base, args=rest, prog=f"shoal train {name}",
+                      description=TRAIN_HELP.format(algo=name.upper()))
+    if known.resume:
+        summary = trainer.resume(known.resume, config, console=console)
+    else:
+        summary = trainer.train(config, console=console)
+    _print_summary(summary, console)
+    return 0
+
+
+def _print_summary(s: dict[str, Any], console: Console) -> None:
+    status = "[green]solved[/green]" if s["solved"] else "done"
+    console.print(f"{status}: eval return {s['eval_return_mean']:.1f} ± {s['eval_return_std']:.1f} "
+                  f"after {s['env_steps']:,} env steps in {s['elapsed_s']:.1f} s "
+                  f"(best {s['best_eval_return']:.1f})")
+    console.print(f"run directory: {s['run_dir']}")
+    console.print("  config.yaml  progress.csv  eval.csv  tb/  (tensorboard --logdir " + s["run_dir"] + "/tb)")
+    console.print(f"  checkpoint:  {s['checkpoint']}")
+    console.print(f"  plot:        {s['plot']}")
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """Evaluate a trained policy: mean and std of episode returns, optionally videos."""
+
+    path: tyro.conf.Positional[str]
+    """A run directory (its newest checkpoint) or a checkpoint directory."""
+    episodes: int = 10
+    """Number of episodes."""
+    video: str | None = None
+    """Write an mp4 of each episode into this directory."""
+    deterministic: bool = False
+    """Take the most likely action instead of sampling."""
+    seed: int = 0
+    """Seed of the evaluation episodes."""
+
+
+def cmd_eval(argv: list[str], console: Console) -> int:
+    from shoal import checkpoint as ckpt
+    from shoal.algorithm import load_policy
+    from shoal.evaluator import record_episodes, run_episodes
+
+    args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
+    if args.episodes < 1:
+        raise ShoalError("--episodes must be at least 1")
+    path = ckpt.resolve(args.path)
+    env_id = ckpt.read_meta(path)["env"]
+    policy = load_policy(path)
+    mode = "deterministic" if args.deterministic else "stochastic"
+    if args.video:
+        paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video)
+        console.print(f"wrote {len(paths)} videos to {args.video}")
+    result = run_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed)
+    console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
+                  f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "
+                  f"checkpoint {path}, policy version {policy.version})")
+    return 0
+
+
+@dataclass(frozen=True)
+class PlotArgs:
+    """Plot learning curves of one or more runs, overlaid."""
+
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    """Run directories."""
+    out: str | None = None
+    """Output PNG (default: RUN_DIR/curve.png for one run, curves.png for several)."""
+
+
+def cmd_plot(argv: list[str], console: Console) -> int:
+    from pathlib import Path
+
+    from shoal.plot import plot_runs
+
+    args = tyro.cli(PlotArgs, args=argv, prog="shoal plot")
+    if not args.runs:
+        raise ShoalError("name at least one run directory: shoal plot RUN_DIR [RUN_DIR ...]")
+    for run in args.runs:
+        if not Path(run).is_dir():
+            raise ShoalError(f"{run} is not a directory")
+    out = args.out or (str(Path(args.runs[0]) / "curve.png") if len(args.runs) == 1 else "curves.png")
+    console.print(f"wrote {plot_runs(list(args.runs), out)}")
+    return 0
+
+
+def cmd_algos(argv: list[str], console: Console) -> int:
+    from shoal.algos import ALGOS
+    from shoal.config import preset_envs
+
+    table = Table("algorithm", "description", "presets")
+    for name, spec in sorted(ALGOS.items()):
+        table.add_row(name, spec.summary, ", ".join(preset_envs(name)) or "-")
+    console.print(table)
+    return 0
+
+
+def cmd_envs(argv: list[str], console: Console) -> int:
+    import gymnasium as gym
+
+    from shoal.algos import ALGOS
+    from shoal.config import preset_envs
+
+    presets = {env for name in ALGOS for env in preset_envs(name)}
+    table = Table("environment id", "preset")
+    for env_id in sorted(gym.registry):
+        table.add_row(env_id, "yes" if env_id in presets else "")
+    console.print(table)
+    console.print("Any installed Gymnasium environment id works; 'preset' marks shipped tuned settings.")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``shoal`` command."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        err.print(f"shoal: error: unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}",
+                  highlight=False, markup=False, soft_wrap=True)
+        return 2
+    try:
+        return command(argv[1:], out if argv[0] != "train" else err)
+    except ShoalError as e:
+        from shoal.trainer import Interrupted
+
+        err.print(f"shoal: error: {e}", highlight=False, markup=False, soft_wrap=True)
+        return 130 if isinstance(e, Interrupted) else 2
+    except KeyboardInterrupt:
+        err.print("shoal: interrupted", highlight=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Configuration shared by every algorithm, and the layering of presets, files and overrides.
+
+A config is a frozen dataclass; each field's docstring becomes its ``--help`` line. Values come
+from, in rising priority: the dataclass defaults, the shipped preset for (algorithm, env), a
+YAML file (``--config``), ``--set key=value`` pairs, and explicit flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from shoal.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings every algorithm shares: what it trains on, where, for how long, and what it writes."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium environment id (`shoal envs` lists them)."""
+    backend: Literal["local", "ray"] = "local"
+    """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
+    address: str | None = None
+    """Ray cluster to join (`auto`, or host:port); default starts a local cluster. Ray backend only."""
+    num_env_runners: int = 1
+    """Number of env runners sampling in parallel."""
+    num_envs_per_runner: int = 8
+    """Environments stepped together (one vector env) in each runner."""
+    seed: int = 0
+    """Seed for networks, environments and sampling; a local run with one seed is deterministic."""
+    total_steps: int = 100_000
+    """Stop after this many environment steps."""
+    stop_return: float | None = None
+    """Stop early once the mean evaluation return reaches this value."""
+    run_dir: str | None = None
+    """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy and value networks."""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """Hidden-layer activation."""
+    eval_interval: int = 5_000
+    """Evaluate every this many environment steps (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    eval_deterministic: bool = True
+    """Evaluate with the most likely action instead of a sampled one."""
+    checkpoint_interval: int = 25_000
+    """Write a checkpoint every this many environment steps (and always at the end)."""
+    keep_checkpoints: int = 3
+    """How many recent checkpoints to keep (the best one is kept apart)."""
+    torch_threads: int = 1
+    """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
+    progress: bool = True
+    """Show a live progress bar."""
+    tensorboard: bool = True
+    """Write TensorBoard event files beside the CSV metrics."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_env_runners >= 1, "num_env_runners must be at least 1")
+        _check(self.num_envs_per_runner >= 1, "num_envs_per_runner must be at least 1")
+        _check(self.total_steps >= 1, "total_steps must be positive")
+        _check(self.eval_interval >= 0, "eval_interval must be 0 (end only) or positive")
+        _check(self.eval_episodes >= 1, "eval_episodes must be at least 1")
+        _check(self.checkpoint_interval >= 1, "checkpoint_interval must be positive")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
+        _check(self.torch_threads >= 1, "torch_threads must be at least 1")
+        _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
+               "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
+        _check(self.address is None or self.backend == "ray",
+               "--address joins a Ray cluster: add --backend ray")
+        if not self.env.startswith("remote://"):
+            from shoal.envs import check_env_id
+
+            check_env_id(self.env)
+
+    @property
+    def num_envs(self) -> int:
+        """Environments across all runners."""
+        return self.num_env_runners * self.num_envs_per_runner
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def field_names(cls: type) -> list[str]:
+    """The config fields of a config class, in declaration order."""
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _coerce(cls: type, key: str, value: Any) -> Any:
+    """Convert a YAML/--set value to the field's type (tuples from lists, floats from ints)."""
+    hint = typing.get_type_hints(cls)[key]
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        hint = non_none[0] if len(non_none) == 1 else hint
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return tuple(args[0](v) for v in items)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
+        return value
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not isinstance(value, hint):
+        raise ConfigError(f"{key} expects a {hint.__name__}, got {value!r}")
+    return value
+
+
+def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str) -> dict[str, Any]:
+    """Return ``base`` updated with ``updates``, rejecting keys the config does not have."""
+    names = field_names(cls)
+    out = dict(base)
+    for key, value in updates.items():
+        key = key.replace("-", "_")
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"{source}: unknown setting {key!r}{hint}")
+        out[key] = _coerce(cls, key, value)
+    return out
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """Parse ``--set key=value`` items; values are read as YAML scalars (``1e-3``, ``true``, ``[64, 64]``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file: a flat mapping of field names to values."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of settings")
+    return data
+
+
+def preset(algo: str, env: str) -> dict[str, Any]:
+    """Tuned settings shipped for (algorithm, env), as in rl-baselines3-zoo; empty if none."""
+    path = resources.files("shoal") / "presets" / f"{algo}.yaml"
+    if not path.is_file():
+        return {}
+    table = yaml.safe_load(path.read_text()) or {}
+    return dict(table.get(env, {}))
+
+
+def preset_envs(algo: str) -> list[str]:
+    """Env ids with a shipped preset for ``algo``."""
+    path = resources.files("shoal") / "presets" / f"{algo}.yaml"
+    return sorted((yaml.safe_load(path.read_text()) or {}).keys()) if path.is_file() else []
+
+
+def build(cls: type, algo: str, env: str | None = None, file: str | None = None,
+          sets: dict[str, Any] | None = None) -> Any:
+    """Layer defaults, preset, file and overrides into a validated config of type ``cls``."""
+    values: dict[str, Any] = {}
+    from_file = read_yaml(file) if file else {}
+    from_file.pop("algo", None)
+    env = env or (sets or {}).get("env") or from_file.get("env") or cls.env
+    values = merge(cls, values, preset(algo, env), f"preset {algo}/{env}")
+    values = merge(cls, values, from_file, f"config file {file}")
+    values = merge(cls, values, sets or {}, "--set")
+    values["env"] = env
+    return cls(**values)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A plain, YAML-friendly dict of a config (tuples become lists)."""
+    out = dataclasses.asdict(config)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

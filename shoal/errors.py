@@ -1,0 +1,12 @@
+"""Errors that speak to the user: the CLI prints them as one line, never a traceback."""
+
+
+class ShoalError(Exception):
+    """A user-facing error: what was wrong and what to do about it."""
+
+
+class ConfigError(ShoalError):
+    """An invalid configuration value (raised from a config's ``__post_init__``).
+
+    Deliberately not a ValueError: the CLI parser would catch that and print a multi-line box.
+    """

@@ -1,0 +1,87 @@
+"""Evaluator: runs whole episodes with the newest weights; optionally records them to mp4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.envs import make_env, make_vector_env
+from shoal.policy import ActorCritic, set_weights
+
+
+@torch.no_grad()
+def run_episodes(module: ActorCritic, env_id: str, episodes: int, deterministic: bool,
+                 seed: int) -> dict[str, float]:
+    """Play ``episodes`` episodes in parallel (one env each) and return their statistics."""
+    env = make_vector_env(env_id, episodes)
+    generator = torch.Generator().manual_seed(seed)
+    obs, _ = env.reset(seed=seed)
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
+    running = np.ones(episodes, bool)
+    while running.any():
+        d = module.dist(module.normalize(torch.as_tensor(obs)))
+        a = module.mode(d) if deterministic else module.sample(d, generator)
+        obs, r, term, trunc, _ = env.step(module.to_env(a))
+        returns += r * running
+        lengths += running
+        running &= ~(term | trunc)
+    env.close()
+    return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std()),
+            "eval/length_mean": float(lengths.mean()), "eval/episodes": float(episodes)}
+
+
+@torch.no_grad()
+def record_episodes(module: ActorCritic, env_id: str, episodes: int, deterministic: bool,
+                    seed: int, video_dir: str | Path) -> list[Path]:
+    """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4."""
+    import imageio.v2 as imageio
+
+    out = Path(video_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = make_env(env_id, render_mode="rgb_array")
+    fps = env.metadata.get("render_fps", 30)
+    generator = torch.Generator().manual_seed(seed)
+    paths = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        frames, done = [env.render()], False
+        while not done:
+            d = module.dist(module.normalize(torch.as_tensor(obs[None])))
+            a = module.mode(d) if deterministic else module.sample(d, generator)
+            obs, _, term, trunc, _ = env.step(module.to_env(a)[0])
+            frames.append(env.render())
+            done = term or trunc
+        path = out / f"{env_id}-episode-{i}.mp4"
+        tmp = path.with_suffix(".tmp.mp4")
+        # macro_block_size=1 keeps odd frame sizes as they are instead of resizing with a warning.
+        imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1)
+        tmp.replace(path)
+        paths.append(path)
+    env.close()
+    return paths
+
+
+class Evaluator:
+    """The evaluation role: a policy copy following the WeightStore, and eval envs."""
+
+    def __init__(self, config, store, policy_id: str = "default"):
+        from shoal.algos import spec_for
+        from shoal.envs import env_spaces
+
+        torch.set_num_threads(config.torch_threads)
+        self.config, self.store, self.policy_id = config, store, policy_id
+        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env))
+        self.version = -1
+
+    def evaluate(self, episodes: int, deterministic: bool, seed: int) -> dict[str, Any]:
+        """Evaluate the newest published weights; the result names the version it used."""
+        got = self.store.latest(self.policy_id, newer_than=self.version)
+        if got is not None:
+            self.version, weights = got
+            set_weights(self.policy, weights)
+        result: dict[str, Any] = run_episodes(self.policy, self.config.env, episodes, deterministic, seed)
+        result["eval/policy_version"] = self.version
+        return result

@@ -1,0 +1,87 @@
+"""Learner: owns the network, optimiser and update rule; publishes weights after each update.
+
+An algorithm subclasses :class:`Learner` and implements ``learn(rollouts) -> metrics``; the
+base class keeps the version, publishes to the WeightStore and summarises episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from shoal.policy import get_weights, set_weights
+from shoal.runner import Rollout
+
+
+class UpdateResult(NamedTuple):
+    """What one learner update reports back to the driver."""
+
+    metrics: dict[str, float]
+    version: int  # the version just published
+    env_steps: int  # steps in the rollouts learned from
+    episode_returns: list[float]  # episodes the rollouts completed
+    episode_lengths: list[int]
+
+
+class Learner:
+    """Base learner: version counter, publishing, state for checkpoints."""
+
+    def __init__(self, config, obs_space, action_space, store, policy_id: str = "default"):
+        from shoal.algos import spec_for
+
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.config, self.store, self.policy_id = config, store, policy_id
+        self.policy = spec_for(config).make_policy(config, obs_space, action_space)
+        self.rng = np.random.default_rng(config.seed)
+        self.version = 0
+        self.env_steps = 0
+
+    def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """The algorithm's update on a batch of rollouts; returns flat metrics."""
+        raise NotImplementedError
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The algorithm's optimiser (and schedule) state, for checkpoints."""
+        raise NotImplementedError
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`optimizer_state`."""
+        raise NotImplementedError
+
+    def update(self, *rollouts: Rollout) -> UpdateResult:
+        """Learn from the rollouts, publish version+1, and report metrics and episodes."""
+        metrics = self.learn(list(rollouts))
+        metrics["learner/policy_lag_max"] = float(max(self.version - r.policy_version for r in rollouts))
+        steps = sum(r.env_steps for r in rollouts)
+        self.env_steps += steps
+        self.version += 1
+        self.publish()
+        return UpdateResult(metrics, self.version, steps,
+                            [x for r in rollouts for x in r.episode_returns],
+                            [x for r in rollouts for x in r.episode_lengths])
+
+    def publish(self) -> int:
+        """Publish the current weights as the current version."""
+        return self.store.publish(self.policy_id, self.version, get_weights(self.policy))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Current weights (NumPy)."""
+        return get_weights(self.policy)
+
+    def get_state(self) -> dict[str, Any]:
+        """All the learner needs to continue exactly."""
+        return {"weights": self.get_weights(), "optimizer": self.optimizer_state(),
+                "version": self.version, "env_steps": self.env_steps,
+                "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_state` and republish the restored weights."""
+        set_weights(self.policy, state["weights"])
+        self.load_optimizer_state(state["optimizer"])
+        self.version, self.env_steps = state["version"], state["env_steps"]
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_rng"])
+        self.publish()

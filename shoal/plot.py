@@ -1,0 +1,53 @@
+"""Learning curves: return vs environment steps and vs wall time, several runs overlaid."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from shoal.errors import ShoalError
+
+
+def _read(path: Path, x: str, y: str) -> tuple[list[float], list[float]]:
+    if not path.exists():
+        return [], []
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get(x) and r.get(y)]
+    return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Write a PNG with return vs env steps and vs wall time for each run; returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    plotted = False
+    for i, run in enumerate(map(Path, run_dirs)):
+        if not (run / "progress.csv").exists():
+            raise ShoalError(f"{run} has no progress.csv: is it a shoal run directory?")
+        color = f"C{i % 10}"
+        for ax, x in zip(axes, ("env_steps", "time/elapsed_s")):
+            tx, ty = _read(run / "progress.csv", x, "episode/return_mean")
+            ex, ey = _read(run / "eval.csv", x, "eval/return_mean")
+            if tx:
+                ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=f"{run.name} (train, last 100 episodes)")
+            if ex:
+                ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=f"{run.name} (eval)")
+            plotted = plotted or bool(tx or ex)
+    if not plotted:
+        raise ShoalError("nothing to plot yet: the runs have no episodes logged")
+    for ax, label in zip(axes, ("environment steps", "wall time (s)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel("episode return")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    out = Path(out)
+    tmp = out.with_name(f".{out.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(out)
+    return out

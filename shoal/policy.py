@@ -1,0 +1,184 @@
+"""Policies: observation -> action, the part shipped to runners, evaluators and deployment.
+
+The policy holds its observation normaliser, so weights, normaliser statistics and the action
+rule travel together as one state dict. The learner (which owns optimisers) is separate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.distributions import Categorical, Distribution, Normal
+
+from shoal.errors import ShoalError
+
+Weights = dict[str, np.ndarray]
+
+
+class Moments(NamedTuple):
+    """Count, mean and variance of a set of observations, mergeable across runners."""
+
+    count: float
+    mean: np.ndarray
+    var: np.ndarray
+
+    @staticmethod
+    def of(x: np.ndarray) -> "Moments":
+        """Moments of a batch ``x`` of shape [N, *obs_shape]."""
+        x = x.astype(np.float64, copy=False)
+        return Moments(float(len(x)), x.mean(axis=0), x.var(axis=0))
+
+
+class RunningNorm(nn.Module):
+    """Running mean/std of observations (buffers, so they are saved with the weights)."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip, self.eps = clip, eps
+
+    def forward(self, obs: Tensor) -> Tensor:
+        std = torch.sqrt(self.var + self.eps).to(obs.dtype)
+        return ((obs - self.mean.to(obs.dtype)) / std).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def update(self, m: Moments) -> None:
+        """Merge a batch's moments (parallel variance formula, Chan et al. 1979)."""
+        if m.count == 0:
+            return
+        b_mean, b_var = torch.as_tensor(m.mean), torch.as_tensor(m.var)
+        total = self.count + m.count
+        delta = b_mean - self.mean
+        m2 = self.var * self.count + b_var * m.count + delta**2 * self.count * m.count / total
+        self.mean += delta * m.count / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+
+def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Sequential:
+    """An MLP with orthogonal init (hidden gain sqrt(2), output ``out_gain``), as in PPO baselines."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        linear = nn.Linear(sizes[i], sizes[i + 1])
+        last = i == len(sizes) - 2
+        nn.init.orthogonal_(linear.weight, out_gain if last else math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        layers += [linear] if last else [linear, activation()]
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space,
+                 hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
+                 normalize_obs: bool = False, log_std_init: float = 0.0):
+        super().__init__()
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ShoalError(f"observation space {obs_space} is not supported: shoal's MLP policies need a Box")
+        self.obs_space, self.action_space = obs_space, action_space
+        obs_dim = int(np.prod(obs_space.shape))
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if self.discrete:
+            out = int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box):
+            out = int(np.prod(action_space.shape))
+            self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
+        else:
+            raise ShoalError(f"action space {action_space} is not supported: use Discrete or Box")
+        self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
+        self.actor = mlp([obs_dim, *hidden_sizes, out], act, out_gain=0.01)
+        self.critic = mlp([obs_dim, *hidden_sizes, 1], act, out_gain=1.0)
+
+    def normalize(self, obs: Tensor) -> Tensor:
+        """Raw observations [N, *obs_shape] -> network input [N, obs_dim]."""
+        obs = obs.reshape(obs.shape[0], -1).float()
+        return self.obs_norm(obs) if self.obs_norm is not None else obs
+
+    def dist(self, x: Tensor) -> Distribution:
+        """Action distribution for normalised observations ``x`` [N, obs_dim]."""
+        out = self.actor(x)
+        if self.discrete:
+            return Categorical(logits=out, validate_args=False)
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+
+    def log_prob(self, d: Distribution, actions: Tensor) -> Tensor:
+        """Log-probability [N] of ``actions`` (summed over action dimensions when continuous)."""
+        return d.log_prob(actions) if self.discrete else d.log_prob(actions).sum(-1)
+
+    def entropy(self, d: Distribution) -> Tensor:
+        """Entropy [N] of the action distribution."""
+        return d.entropy() if self.discrete else d.entropy().sum(-1)
+
+    def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """Log-probability [N] and entropy [N] of ``actions``: the learner's hot path, written with
+        plain tensor ops (log_softmax and gather), ~10% faster per step than Categorical."""
+        out = self.actor(x)
+        if self.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            return logp_all.gather(-1, actions.long()[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+        log_std = self.log_std.expand_as(out)
+        logp = -0.5 * ((actions - out) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+        return logp.sum(-1), (log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
+
+    def value(self, x: Tensor) -> Tensor:
+        """State value [N] for normalised observations ``x``."""
+        return self.critic(x).squeeze(-1)
+
+    def mode(self, d: Distribution) -> Tensor:
+        """The most likely action of ``d``."""
+        return d.probs.argmax(-1) if self.discrete else d.mean
+
+    def sample(self, d: Distribution, generator: torch.Generator | None) -> Tensor:
+        """Draw an action from ``d`` with an explicit generator (so runners are reproducible)."""
+        if self.discrete:
+            return torch.multinomial(d.probs, 1, generator=generator).squeeze(-1)
+        noise = torch.randn(d.mean.shape, generator=generator)
+        return d.mean + d.stddev * noise
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        """Actions as the env takes them (continuous ones clipped to the bounds)."""
+        a = actions.numpy()
+        if self.discrete:
+            return a.astype(np.int64)
+        a = a.reshape(a.shape[0], *self.action_space.shape)
+        return np.clip(a, self.action_space.low, self.action_space.high)
+
+
+def get_weights(module: nn.Module) -> Weights:
+    """A module's state as NumPy arrays: what the WeightStore publishes."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
+
+
+def set_weights(module: nn.Module, weights: Weights) -> None:
+    """Load published weights into ``module`` (copies, so read-only shared arrays are fine)."""
+    module.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
+
+
+class Policy:
+    """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
+
+    def __init__(self, module: ActorCritic, version: int = 0):
+        self.module = module.eval()
+        self.version = version
+        self.observation_space = module.obs_space
+        self.action_space = module.action_space
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool = True,
+            generator: torch.Generator | None = None) -> np.ndarray:
+        """Actions for one observation or a batch [N, *obs_shape]."""
+        obs = np.asarray(obs, dtype=np.float32)
+        single = obs.shape == self.observation_space.shape
+        batch = torch.as_tensor(obs[None] if single else obs)
+        d = self.module.dist(self.module.normalize(batch))
+        actions = self.module.to_env(self.module.mode(d) if deterministic else self.module.sample(d, generator))
+        return actions[0] if single else actions

@@ -1,0 +1,123 @@
+"""The run directory: resolved config, metrics (CSV and TensorBoard), checkpoints, plots.
+
+Every file is either appended a whole row at a time or replaced atomically, so a run stopped at
+any moment leaves a directory that can be read, plotted and resumed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shoal.config import to_dict
+from shoal.errors import ShoalError
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class CsvLog:
+    """A CSV file of metric rows; when a row brings new columns, the file is rewritten atomically."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fields: list[str] = []
+        if path.exists():
+            with open(path, newline="") as f:
+                self.fields = next(csv.reader(f), [])
+
+    def rows(self) -> list[dict[str, str]]:
+        """All rows written so far."""
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=self.fields)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Append one row."""
+        new = [k for k in row if k not in self.fields]
+        if new or not self.path.exists():
+            old = self.rows()
+            self.fields += new
+            self._rewrite([*old, row])
+            return
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.fields).writerow(row)
+
+    def truncate_after(self, env_steps: int) -> None:
+        """Drop rows logged after ``env_steps`` (on resume, they will be logged again)."""
+        rows = self.rows()
+        kept = [r for r in rows if float(r.get("env_steps") or 0) <= env_steps]
+        if len(kept) != len(rows):
+            self._rewrite(kept)
+
+
+class RunDir:
+    """Creates and writes a run directory."""
+
+    def __init__(self, path: str | Path, tensorboard: bool = True):
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ShoalError(f"cannot write the run directory {self.path}: {e.strerror} "
+                             "(choose another with --run-dir)") from None
+        self.checkpoints = self.path / "checkpoints"
+        self.progress = CsvLog(self.path / "progress.csv")
+        self.evals = CsvLog(self.path / "eval.csv")
+        self._tb = None
+        self._use_tb = tensorboard
+
+    @staticmethod
+    def default_path(algo: str, env: str, seed: int) -> Path:
+        """runs/ALGO-ENV-YYYYmmdd-HHMMSS-sSEED, unique."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        base = Path("runs") / f"{algo}-{env.replace('/', '_').replace(':', '_')}-{stamp}-s{seed}"
+        path, i = base, 1
+        while path.exists():
+            path, i = base.with_name(f"{base.name}-{i}"), i + 1
+        return path
+
+    def write_config(self, algo: str, config: Any) -> None:
+        """The resolved config, with the algorithm name, as YAML."""
+        text = yaml.safe_dump({"algo": algo, **to_dict(config)}, sort_keys=False)
+        atomic_write_text(self.path / "config.yaml", text)
+
+    def log(self, metrics: dict[str, Any], evaluation: bool = False) -> None:
+        """One row of training (or evaluation) metrics, to CSV and TensorBoard."""
+        (self.evals if evaluation else self.progress).write(metrics)
+        if self._use_tb:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.path / "tb"))
+            step = int(metrics["env_steps"])
+            for key, value in metrics.items():
+                if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        """Flush TensorBoard."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

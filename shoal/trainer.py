@@ -1,0 +1,138 @@
+"""The Trainer: runs an Algorithm to its stop condition inside a run directory.
+
+Logging, evaluation, checkpoints, progress and plots happen here, once, for every algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from shoal import checkpoint as ckpt
+from shoal.algorithm import Algorithm, config_from_dict
+from shoal.config import read_yaml
+from shoal.errors import ShoalError
+from shoal.plot import plot_runs
+from shoal.rundir import RunDir
+
+
+class Interrupted(ShoalError):
+    """The user stopped the run (Ctrl-C); a checkpoint was written."""
+
+
+def _progress(enabled: bool, console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
+        TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps {task.fields[sps]:>6,.0f}/s"),
+        TextColumn("return {task.fields[ret]} eval {task.fields[eval]}"),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=console, disable=not enabled, refresh_per_second=4)
+
+
+def _best_eval(run: RunDir) -> float:
+    values = [float(r["eval/return_mean"]) for r in run.evals.rows() if r.get("eval/return_mean")]
+    return max(values, default=-math.inf)
+
+
+def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[str, Any]:
+    """Train until ``total_steps`` or ``stop_return``; returns a summary of the run."""
+    c, console = algo.config, console or Console(stderr=True)
+    every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
+    last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
+    best, evaluation, solved = _best_eval(run), None, False
+    saved_at = -1
+
+    def save() -> Path:
+        nonlocal saved_at
+        path = algo.save(run.checkpoints / f"ckpt_{algo.iteration:09d}")
+        ckpt.prune(run.path, c.keep_checkpoints)
+        saved_at = algo.env_steps
+        return path
+
+    def evaluate() -> dict[str, Any]:
+        nonlocal best
+        result = algo.evaluate()
+        run.log(result, evaluation=True)
+        if result["eval/return_mean"] > best:
+            best = result["eval/return_mean"]
+            algo.save(run.checkpoints / "best")
+        return result
+
+    name = f"{algo.spec.name} {c.env}"
+    try:
+        with _progress(c.progress, console) as bar:
+            task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
+            while algo.env_steps < c.total_steps and not solved:
+                metrics = algo.train()
+                run.log(metrics)
+                if every(c.eval_interval, algo.env_steps) > last_eval:
+                    last_eval = every(c.eval_interval, algo.env_steps)
+                    evaluation = evaluate()
+                    solved = c.stop_return is not None and evaluation["eval/return_mean"] >= c.stop_return
+                if every(c.checkpoint_interval, algo.env_steps) > last_ckpt:
+                    last_ckpt = every(c.checkpoint_interval, algo.env_steps)
+                    save()
+                ret = metrics.get("episode/return_mean")
+                bar.update(task, completed=min(algo.env_steps, c.total_steps), sps=metrics["time/env_steps_per_s"],
+                           ret="-" if ret is None else f"{ret:.1f}",
+                           eval="-" if evaluation is None else f"{evaluation['eval/return_mean']:.1f}")
+    except KeyboardInterrupt:
+        path = save()
+        run.close()
+        raise Interrupted(f"interrupted at {algo.env_steps:,} steps; checkpoint {path}; "
+                          f"continue with: shoal train --resume {run.path}") from None
+    if evaluation is None or evaluation["env_steps"] != algo.env_steps:
+        evaluation = evaluate()
+        solved = c.stop_return is not None and evaluation["eval/return_mean"] >= c.stop_return
+    last = save() if saved_at != algo.env_steps else ckpt.checkpoints_in(run.path)[-1]
+    run.close()
+    plot = plot_runs([run.path], run.path / "curve.png")
+    return {"run_dir": str(run.path), "env_steps": algo.env_steps, "iterations": algo.iteration,
+            "elapsed_s": algo.elapsed_s, "eval_return_mean": evaluation["eval/return_mean"],
+            "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
+            "solved": solved, "checkpoint": str(last), "plot": str(plot)}
+
+
+def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None) -> dict[str, Any]:
+    """Train ``config`` in a new run directory; returns the run summary."""
+    from shoal.algos import spec_for
+
+    name = spec_for(config).name
+    run = RunDir(run_dir or config.run_dir or RunDir.default_path(name, config.env, config.seed), config.tensorboard)
+    run.write_config(name, config)
+    with Algorithm(config) as algo:
+        return fit(algo, run, console)
+
+
+def read_run_config(run_dir: str | Path) -> dict[str, Any]:
+    """The saved config.yaml of a run directory, with its ``algo`` key."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ShoalError(f"{run_dir} is not a shoal run directory (no config.yaml)")
+    saved = read_yaml(path)
+    if "algo" not in saved:
+        raise ShoalError(f"{path} does not name its algorithm")
+    return saved
+
+
+def resume(run_dir: str | Path, config: Any | None = None, console: Console | None = None) -> dict[str, Any]:
+    """Continue a run from its newest complete checkpoint, in the same directory.
+
+    ``config`` may change settings that do not alter the run's shape (e.g. total_steps).
+    """
+    saved = read_run_config(run_dir)
+    algo = saved.pop("algo")
+    if config is None:
+        config = config_from_dict(algo, saved, str(Path(run_dir) / "config.yaml"))
+    checkpoint = ckpt.resolve(run_dir)
+    run = RunDir(run_dir, config.tensorboard)
+    run.write_config(algo, config)
+    with Algorithm(config) as instance:
+        instance.restore(checkpoint)
+        run.progress.truncate_after(instance.env_steps)
+        run.evals.truncate_after(instance.env_steps)
+        return fit(instance, run, console)

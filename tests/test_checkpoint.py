@@ -1,0 +1,130 @@
+"""Round trips and determinism: same seed -> same parameters; save -> load -> same state;
+a resumed run ends where an uninterrupted one does; checkpoint writes are atomic."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal import checkpoint as ckpt
+from shoal.errors import ShoalError
+
+
+def train_iterations(config, n):
+    with shoal.make(config) as algo:
+        for _ in range(n):
+            algo.train()
+        return algo.backend.get(algo.learner.call("get_state"))
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_same_seed_same_parameters_and_other_seed_differs(tiny):
+    a = train_iterations(tiny(seed=3, num_env_runners=2, normalize_obs=True), 4)
+    b = train_iterations(tiny(seed=3, num_env_runners=2, normalize_obs=True), 4)
+    c = train_iterations(tiny(seed=4, num_env_runners=2, normalize_obs=True), 4)
+    assert_same_weights(a["weights"], b["weights"])
+    assert not np.array_equal(a["weights"]["actor.0.weight"], c["weights"]["actor.0.weight"])
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_save_load_continues_exactly(tiny, tmp_path, env):
+    config = tiny(env=env, normalize_obs=True, lr_schedule="linear")
+    uninterrupted = train_iterations(config, 6)
+    with shoal.make(config) as algo:
+        for _ in range(3):
+            algo.train()
+        saved = algo.backend.get(algo.learner.call("get_state"))
+        algo.save(tmp_path / "ck")
+    with shoal.load(tmp_path / "ck") as algo:
+        restored = algo.backend.get(algo.learner.call("get_state"))
+        assert_same_weights(saved["weights"], restored["weights"])
+        assert restored["version"] == saved["version"] == 3 and algo.iteration == 3
+        assert algo.env_steps == 3 * config.batch_size
+        for _ in range(3):
+            algo.train()
+        resumed = algo.backend.get(algo.learner.call("get_state"))
+    assert_same_weights(uninterrupted["weights"], resumed["weights"])
+    for group_a, group_b in zip(uninterrupted["optimizer"]["state"].values(), resumed["optimizer"]["state"].values()):
+        torch.testing.assert_close(group_a["exp_avg_sq"], group_b["exp_avg_sq"], rtol=0, atol=0)
+
+
+def test_load_policy_reads_no_pickled_code_and_acts_like_the_trained_policy(tiny, tmp_path):
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        algo.save(tmp_path / "ck")
+        live = algo.get_policy()
+    policy = shoal.load_policy(tmp_path / "ck")  # torch.load(weights_only=True) inside
+    obs = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    np.testing.assert_array_equal(policy.act(obs), live.act(obs))
+    assert policy.version == 1
+
+
+def test_failed_write_leaves_no_checkpoint_and_the_previous_one_is_used(tiny, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        algo.save(run / "checkpoints" / "ckpt_000000001")
+        algo.train()
+        real_save = torch.save
+
+        def dying_save(obj, f, *a, **k):  # the process "dies" after writing the first file
+            if str(f).endswith(ckpt.STATE_FILE):
+                raise OSError("disk full")
+            return real_save(obj, f, *a, **k)
+
+        monkeypatch.setattr(torch, "save", dying_save)
+        with pytest.raises(OSError):
+            algo.save(run / "checkpoints" / "ckpt_000000002")
+    assert not (run / "checkpoints" / "ckpt_000000002").exists()
+    assert ckpt.resolve(run).name == "ckpt_000000001"
+
+
+def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        path = algo.save(tmp_path / "ck")
+        meta = json.loads((path / "meta.json").read_text())
+        (path / "meta.json").write_text(json.dumps({**meta, "algo": "dqn"}))
+        with pytest.raises(ShoalError, match="from algorithm 'dqn', not 'ppo'"):
+            algo.restore(path)
+
+
+def _shoal(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "shoal.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+    args = ["train", "ppo", "--env", "CartPole-v1", "--total-steps", "12288", "--checkpoint-interval", "2048",
+            "--eval-interval", "4096", "--no-progress", "--no-tensorboard", "--seed", "5"]
+    full = _shoal(*args, "--run-dir", str(tmp_path / "full"))
+    killed = _shoal(*args, "--run-dir", str(tmp_path / "killed"))
+    deadline = time.time() + 120
+    while not ckpt.checkpoints_in(tmp_path / "killed") and time.time() < deadline:
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)  # no chance to clean up: only atomic writes survive
+    killed.wait()
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+    assert ckpt.checkpoints_in(tmp_path / "killed"), "the run never wrote a checkpoint"
+    resumed = _shoal("train", "--resume", str(tmp_path / "killed"), "--no-progress")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    a = ckpt.read_policy(ckpt.resolve(tmp_path / "full"))["weights"]
+    b = ckpt.read_policy(ckpt.resolve(tmp_path / "killed"))["weights"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    rows = lambda p: (p / "progress.csv").read_text().splitlines()  # noqa: E731
+    assert len(rows(tmp_path / "full")) == len(rows(tmp_path / "killed"))  # no duplicated iterations

@@ -1,0 +1,123 @@
+"""The shoal command as a user meets it: the happy path, and one clear line for each mistake."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shoal.cli import main
+from shoal.config import build
+from shoal.algos.ppo import PPOConfig
+from shoal.errors import ConfigError
+
+FAST = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "16",
+        "--minibatch-size", "32", "--num-epochs", "1", "--eval-episodes", "2"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_eval_plot_round_trip(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-steps", "256",
+                           "--run-dir", str(run), *FAST, "--tensorboard")
+    assert code == 0, err
+    assert "run directory:" in err
+    for name in ("config.yaml", "progress.csv", "eval.csv", "curve.png"):
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["algo"] == "ppo" and saved["rollout_steps"] == 16 and saved["gamma"] == 0.98  # preset kept
+
+    code, out, err = run_cli(capsys, "eval", str(run), "--episodes", "3", "--deterministic",
+                             "--video", str(tmp_path / "videos"))
+    assert code == 0, err
+    assert "over 3 episodes (deterministic" in out
+    videos = sorted((tmp_path / "videos").glob("*.mp4"))
+    assert len(videos) == 3 and all(v.stat().st_size > 1000 for v in videos)
+
+    code, out, err = run_cli(capsys, "plot", str(run), str(run), "--out", str(tmp_path / "both.png"))
+    assert code == 0, err
+    assert (tmp_path / "both.png").stat().st_size > 10_000
+
+
+def test_layering_preset_file_set_and_flags(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("lr: 0.01\ngamma: 0.9\nhidden_sizes: [32, 32]\n")
+    c = build(PPOConfig, "ppo", env="CartPole-v1", file=str(f), sets={"gamma": 0.95})
+    assert c.num_epochs == 20  # from the CartPole preset
+    assert c.lr == 0.01 and c.hidden_sizes == (32, 32)  # from the file
+    assert c.gamma == 0.95  # --set beats the file
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: ppo"),
+    (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
+    (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
+    (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),
+    (["train", "ppo", "--set", "gamma"], "--set expects key=value"),
+    (["train", "ppo", "--minibatch-size", "100000"], "minibatch_size must be between 1 and the batch size"),
+    (["train", "ppo", "--address", "auto"], "--address joins a Ray cluster: add --backend ray"),
+    (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
+    (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
+    (["eval", "/nonexistent"], "/nonexistent does not exist"),
+    (["frobnicate"], "unknown command 'frobnicate'"),
+])
+def test_user_mistakes_get_one_clear_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_unwritable_run_dir(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run_cli(capsys, "train", "ppo", "--run-dir", str(blocker / "run"), *FAST)
+    assert code == 2 and "cannot write the run directory" in err
+
+
+def test_resume_of_another_algorithms_run_is_refused(capsys, tmp_path):
+    (tmp_path / "config.yaml").write_text("algo: dqn\nenv: CartPole-v1\n")
+    code, _, err = run_cli(capsys, "train", "ppo", "--resume", str(tmp_path))
+    assert code == 2 and "is a 'dqn' run, not 'ppo'" in err
+
+
+def test_bad_flag_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "ppo", "--num-env-runners", "many"])
+    assert e.value.code == 2
+
+
+def test_config_errors_raise_in_the_python_api_too():
+    with pytest.raises(ConfigError, match="num_env_runners must be at least 1"):
+        PPOConfig(num_env_runners=0)
+
+
+def test_help_lists_every_field_and_the_listing_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "ppo", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--env", "--backend", "--address", "--num-env-runners", "--num-envs-per-runner", "--seed",
+                 "--total-steps", "--stop-return", "--run-dir", "--gae-lambda", "--vf-clip", "--set", "--resume"):
+        assert flag in out, flag
+    assert "Discount factor" in out  # field docstrings become help text
+    code, out, _ = run_cli(capsys, "algos")
+    assert code == 0 and "ppo" in out and "CartPole-v1" in out
+    code, out, _ = run_cli(capsys, "envs")
+    assert code == 0 and "Pendulum-v1" in out
+
+
+def test_unreachable_ray_address_fails_fast_without_a_traceback():
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray",
+                        "--address", "127.0.0.1:9", "--no-progress"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert p.returncode == 2
+    assert "cannot reach a Ray cluster at 127.0.0.1:9" in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,31 @@
+"""Learning: PPO reaches a stated return on a real env within a stated step budget.
+
+These are the issue's targets, run as they are (no lowered thresholds). Each takes 10-30 s here.
+"""
+
+import pytest
+
+import shoal
+from shoal.algos.ppo import PPOConfig
+from shoal.config import build
+
+
+def cartpole(seed, **sets):
+    return build(PPOConfig, "ppo", env="CartPole-v1",
+                 sets={"seed": seed, "total_steps": 100_000, "stop_return": 475, "progress": False,
+                       "tensorboard": False, **sets})
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ppo_solves_cartpole_within_100k_steps(seed, tmp_path):
+    summary = shoal.train(cartpole(seed), run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+    assert summary["env_steps"] <= 100_000
+
+
+def test_ppo_reaches_minus_250_on_pendulum_within_300k_steps(tmp_path):
+    config = build(PPOConfig, "ppo", env="Pendulum-v1",
+                   sets={"seed": 0, "stop_return": -250, "progress": False, "tensorboard": False})
+    assert config.total_steps <= 300_000
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= -250, summary

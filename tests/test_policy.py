@@ -1,0 +1,49 @@
+"""Policy pieces: the normaliser's merge, the fast log-prob path, deployment ``act``."""
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.distributions import Categorical, Normal
+
+from shoal.policy import ActorCritic, Moments, Policy, RunningNorm
+
+
+def test_running_norm_merges_batches_like_one_big_batch():
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(3.0, 2.0, size=(n, 3)) for n in (5, 50, 17)]
+    norm = RunningNorm((3,))
+    for p in parts:
+        norm.update(Moments.of(p))
+    allx = np.concatenate(parts)
+    np.testing.assert_allclose(norm.mean.numpy(), allx.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(norm.var.numpy(), allx.var(0), rtol=1e-4)
+
+
+def test_evaluate_actions_matches_torch_distributions():
+    torch.manual_seed(0)
+    box = gym.spaces.Box(-1, 1, (3,))
+    for action_space in (gym.spaces.Discrete(4), gym.spaces.Box(-2, 2, (2,))):
+        m = ActorCritic(box, action_space)
+        with torch.no_grad():  # make the log std non-trivial
+            if not m.discrete:
+                m.log_std.fill_(-0.3)
+        x = torch.randn(7, 3)
+        d = m.dist(x)
+        a = m.sample(d, torch.Generator().manual_seed(0))
+        logp, ent = m.evaluate_actions(x, a)
+        ref = Categorical(logits=m.actor(x)) if m.discrete else Normal(m.actor(x), m.log_std.exp())
+        ref_logp = ref.log_prob(a) if m.discrete else ref.log_prob(a).sum(-1)
+        ref_ent = ref.entropy() if m.discrete else ref.entropy().sum(-1)
+        torch.testing.assert_close(logp, ref_logp)
+        torch.testing.assert_close(ent, ref_ent)
+
+
+def test_act_accepts_one_observation_or_a_batch_and_respects_bounds():
+    obs_space = gym.spaces.Box(-1, 1, (3,))
+    policy = Policy(ActorCritic(obs_space, gym.spaces.Box(-0.5, 0.5, (2,)), log_std_init=2.0))
+    one = policy.act(np.zeros(3, np.float32), deterministic=False, generator=torch.Generator().manual_seed(0))
+    batch = policy.act(np.zeros((5, 3), np.float32), deterministic=False)
+    assert one.shape == (2,) and batch.shape == (5, 2)
+    assert np.all(np.abs(batch) <= 0.5) and np.all(np.abs(one) <= 0.5)
+    discrete = Policy(ActorCritic(obs_space, gym.spaces.Discrete(3)))
+    assert discrete.act(np.zeros(3)).shape == () and discrete.act(np.zeros((4, 3))).shape == (4,)

@@ -1,0 +1,33 @@
+"""EnvRunner: autoreset, final observations, episode statistics, weight sync."""
+
+import numpy as np
+
+from shoal.algos.ppo import make_policy
+from shoal.policy import get_weights
+from shoal.runner import EnvRunner
+from shoal.weights import WeightStore
+
+
+def test_truncated_episodes_keep_their_final_observation(tiny):
+    # Pendulum always ends by truncation at 200 steps: the rollout must say so and keep the final obs.
+    config = tiny(env="Pendulum-v1", num_envs_per_runner=2)
+    runner = EnvRunner(config, 0, WeightStore())
+    r = runner.sample(250)
+    assert r.truncated[199].all() and not r.terminated.any() and r.truncated.sum() == 2
+    assert r.final_idx.tolist() == [[199, 0], [199, 1]]
+    assert r.final_obs.shape == (2, 3)
+    assert not np.allclose(r.final_obs, r.obs[200])  # the next episode's first obs is a different state
+    assert len(r.episode_returns) == 2 and r.episode_lengths == [200, 200]
+    np.testing.assert_allclose(r.episode_returns, r.rewards[:200].sum(0), rtol=1e-5)
+
+
+def test_runner_pulls_newer_weights_and_tags_rollouts(tiny):
+    config = tiny()
+    store = WeightStore()
+    runner = EnvRunner(config, 3, store)
+    assert runner.sample(4).policy_version == -1
+    module = make_policy(config, runner.env.single_observation_space, runner.env.single_action_space)
+    store.publish("default", 7, get_weights(module))
+    r = runner.sample(4)
+    assert (r.policy_version, r.runner_id, r.policy_id) == (7, 3, "default")
+    assert store.publish("default", 5, {}) == 7  # an older version never replaces a newer one
