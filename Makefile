@@ -28,10 +28,10 @@ demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475
 
 test: install-dev
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 test-slow: install-dev
-	$(BIN)/python -m pytest -n 2 -q -m slow
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m slow
 
 bench: install-bench
 	$(BIN)/python benchmarks/run_all.py

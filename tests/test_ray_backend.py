@@ -7,7 +7,7 @@ import shoal
 from shoal.algos.ppo import PPOConfig
 from shoal.config import build
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray cluster per worker
 
 
 @pytest.fixture(scope="module")
