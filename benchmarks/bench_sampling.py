@@ -1,7 +1,8 @@
 """Sampling throughput on CartPole-v1 with the 64x64 MLP policy.
 
 1. shoal's local EnvRunner vs the limit: a bare loop of the same SyncVectorEnv and the same
-   policy forward and action sampling, with no framework around it (target >= 0.8x).
+   policy forward and action sampling (the runner's own fastest call), with nothing else:
+   no buffers, no log-probs kept, no episode statistics (target >= 0.8x).
 2. The ray backend: 2 runner actors sampling in parallel vs 1 (env steps/s of sampling).
 
     .venv/bin/python benchmarks/bench_sampling.py [--envs 8] [--steps 20000]
@@ -31,7 +32,7 @@ def bare_loop(config, steps: int) -> float:
     start = time.perf_counter()
     with torch.no_grad():
         for _ in range(n):
-            a = module.sample(module.dist(module.normalize(torch.as_tensor(obs))), generator)
+            a, _ = module.explore(module.normalize(torch.as_tensor(obs)), generator)
             obs, *_ = env.step(module.to_env(a))
     return n * env.num_envs / (time.perf_counter() - start)
 
@@ -94,7 +95,7 @@ def main() -> None:
     if not args.no_ray:
         import ray
 
-        ray.init(include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", include_dashboard=False, logging_level="ERROR")
         ray_config = PPOConfig(**{**config.__dict__, "backend": "ray", "num_env_runners": 2})
         one = ray_rate(PPOConfig(**{**config.__dict__, "backend": "ray", "num_env_runners": 1}), 1, args.steps)
         two = ray_rate(ray_config, 2, args.steps)

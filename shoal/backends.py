@@ -98,6 +98,8 @@ class RayBackend:
     name = "ray"
 
     def __init__(self, config: Any):
+        if config.address is not None:
+            _send_token_when_joining(config.address)  # before `import ray`, which reads the mode
         import ray
 
         self.config = config
@@ -106,8 +108,10 @@ class RayBackend:
         if self.owns_ray:
             _check_reachable(config.address)
             try:
-                ray.init(address=config.address, include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=True)
+                # "local": always a new cluster when no address is given; a bare ray.init() would
+                # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.
+                ray.init(address=config.address or "local", include_dashboard=False,
+                         logging_level=logging.WARNING, log_to_driver=True)
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
                 where = config.address or "a new local cluster"
                 raise ShoalError(f"cannot start or reach Ray at {where}: {str(e).splitlines()[0]} "
@@ -163,6 +167,21 @@ def _check_reachable(address: str | None) -> None:
     except OSError as e:
         raise ShoalError(f"cannot reach a Ray cluster at {address}: {e.strerror or e} "
                          "(is `ray start --head` running there?)") from None
+
+
+def _send_token_when_joining(address: str | None) -> None:
+    """Ray 2.60's `ray start --head` enables token authentication, but a driver that joins by
+    address leaves it off unless told, and is then refused. Send the token when one is at hand
+    (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); RAY_AUTH_MODE, if set, wins.
+    Ray reads the mode when it is imported: a program that imported ray before must set it."""
+    import os
+    from pathlib import Path
+
+    if address is None or "RAY_AUTH_MODE" in os.environ:
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+            (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def make_backend(config: Any) -> LocalBackend | RayBackend:

@@ -29,7 +29,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
         if not (run / "progress.csv").exists():
             raise ShoalError(f"{run} has no progress.csv: is it a shoal run directory?")
         color = f"C{i % 10}"
-        for ax, x in zip(axes, ("env_steps", "time/elapsed_s")):
+        for ax, x in zip(axes, ("env_steps", "time/wall_s")):
             tx, ty = _read(run / "progress.csv", x, "episode/return_mean")
             ex, ey = _read(run / "eval.csv", x, "eval/return_mean")
             if tx:

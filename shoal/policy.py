@@ -118,6 +118,19 @@ class ActorCritic(nn.Module):
         """Entropy [N] of the action distribution."""
         return d.entropy() if self.discrete else d.entropy().sum(-1)
 
+    def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
+        without building a Distribution object."""
+        out = self.actor(x)
+        if self.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            actions = torch.multinomial(logp_all.exp(), 1, generator=generator)
+            return actions.squeeze(-1), logp_all.gather(-1, actions).squeeze(-1)
+        std = self.log_std.exp()
+        noise = torch.randn(out.shape, generator=generator)
+        logp = -0.5 * noise.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)
+        return out + std * noise, logp.sum(-1)
+
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``: the learner's hot path, written with
         plain tensor ops (log_softmax and gather), ~10% faster per step than Categorical."""

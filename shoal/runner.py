@@ -91,13 +91,12 @@ class EnvRunner:
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
             xn = m.normalize(x)
-            d = m.dist(xn)
-            a = m.sample(d, self.generator)
+            a, logp_t = m.explore(xn, self.generator)
             obs[t] = xn.numpy()
             if actions is None:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
             actions[t] = a.numpy()
-            logp[t] = m.log_prob(d, a).numpy()
+            logp[t] = logp_t.numpy()
             self.obs, r, term, trunc, info = env.step(m.to_env(a))
             rewards[t], terminated[t], truncated[t] = r, term, trunc
             self.ep_return += r

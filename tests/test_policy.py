@@ -19,7 +19,7 @@ def test_running_norm_merges_batches_like_one_big_batch():
     np.testing.assert_allclose(norm.var.numpy(), allx.var(0), rtol=1e-4)
 
 
-def test_evaluate_actions_matches_torch_distributions():
+def test_fast_log_prob_paths_match_torch_distributions():
     torch.manual_seed(0)
     box = gym.spaces.Box(-1, 1, (3,))
     for action_space in (gym.spaces.Discrete(4), gym.spaces.Box(-2, 2, (2,))):
@@ -31,6 +31,8 @@ def test_evaluate_actions_matches_torch_distributions():
         d = m.dist(x)
         a = m.sample(d, torch.Generator().manual_seed(0))
         logp, ent = m.evaluate_actions(x, a)
+        explored, explored_logp = m.explore(x, torch.Generator().manual_seed(1))
+        torch.testing.assert_close(explored_logp, m.evaluate_actions(x, explored)[0])
         ref = Categorical(logits=m.actor(x)) if m.discrete else Normal(m.actor(x), m.log_std.exp())
         ref_logp = ref.log_prob(a) if m.discrete else ref.log_prob(a).sum(-1)
         ref_ent = ref.entropy() if m.discrete else ref.entropy().sum(-1)

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray cluste
 def ray_cluster():
     import ray
 
-    ray.init(include_dashboard=False, num_cpus=2, logging_level="ERROR")
+    ray.init(address="local", include_dashboard=False, num_cpus=2, logging_level="ERROR")
     yield
     ray.shutdown()
 

@@ -1,0 +1,19 @@
+"""Run every benchmark in turn (`make bench`); each prints its figures and ratios.
+
+Figures vary 20-40% run to run on a shared 2-core machine: compare ratios taken in one run.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SCRIPTS = ["bench_sampling.py", "bench_startup.py", "bench_cartpole_vs_sb3.py"]
+
+if __name__ == "__main__":
+    failed = []
+    for script in SCRIPTS:
+        print(f"\n=== {script} ===", flush=True)
+        if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE).returncode != 0:
+            failed.append(script)
+    sys.exit(f"failed: {', '.join(failed)}" if failed else 0)

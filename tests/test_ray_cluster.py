@@ -1,0 +1,54 @@
+"""Joining an existing Ray cluster with --address, as a user with `ray start --head` would."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def head_node():
+    """A head node with its own temp dir, so teardown kills exactly its processes and no others."""
+    ray = Path(sys.executable).with_name("ray")
+    temp = tempfile.mkdtemp(prefix="shoal-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
+    port = free_port()
+    proc = subprocess.Popen([str(ray), "start", "--head", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--block"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.5)
+    yield f"127.0.0.1:{port}"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    subprocess.run(["pkill", "-9", "-f", temp], check=False)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_train_joins_a_running_cluster_by_address(head_node, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--env", "CartPole-v1",
+                        "--backend", "ray", "--address", head_node, "--num-env-runners", "2",
+                        "--total-steps", "2048", "--no-progress", "--no-tensorboard",
+                        "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints").is_dir() and (tmp_path / "run" / "curve.png").is_file()
