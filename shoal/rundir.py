@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class RunDir:
 
     def __init__(self, path: str | Path, tensorboard: bool = True):
         self.path = Path(path)
+        self.created = not self.path.exists()  # so a run that fails to start can remove it again
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
@@ -115,6 +117,11 @@ class RunDir:
             for key, value in metrics.items():
                 if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
+
+    def remove_if_created(self) -> None:
+        """Delete the directory if this run created it (nothing in it is worth keeping)."""
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def close(self) -> None:
         """Flush TensorBoard."""

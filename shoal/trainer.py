@@ -102,9 +102,18 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
     from shoal.algos import spec_for
 
     name = spec_for(config).name
-    run = RunDir(run_dir or config.run_dir or RunDir.default_path(name, config.env, config.seed), config.tensorboard)
-    run.write_config(name, config)
-    with Algorithm(config) as algo:
+    path = Path(run_dir or config.run_dir or RunDir.default_path(name, config.env, config.seed))
+    if (path / "config.yaml").exists():
+        raise ShoalError(f"{path} already holds a run: continue it with `shoal train --resume {path}`, "
+                         "or choose another --run-dir")
+    run = RunDir(path, config.tensorboard)
+    try:
+        algo = Algorithm(config)
+    except BaseException:
+        run.remove_if_created()  # a run that never started leaves nothing behind
+        raise
+    with algo:
+        run.write_config(name, config)
         return fit(algo, run, console)
 
 
@@ -133,6 +142,9 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
     run.write_config(algo, config)
     with Algorithm(config) as instance:
         instance.restore(checkpoint)
+        if instance.env_steps >= config.total_steps:
+            raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
+                             f"pass a larger --total-steps to train on")
         run.progress.truncate_after(instance.env_steps)
         run.evals.truncate_after(instance.env_steps)
         return fit(instance, run, console)

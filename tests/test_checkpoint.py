@@ -128,3 +128,25 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     rows = lambda p: (p / "progress.csv").read_text().splitlines()  # noqa: E731
     assert len(rows(tmp_path / "full")) == len(rows(tmp_path / "killed"))  # no duplicated iterations
+
+
+def test_ctrl_c_writes_a_checkpoint_and_the_run_resumes(tmp_path):
+    run = tmp_path / "run"
+    p = _shoal("train", "ppo", "--env", "CartPole-v1", "--total-steps", "200000", "--no-progress",
+               "--no-tensorboard", "--run-dir", str(run))
+    deadline = time.time() + 120
+    while not (run / "progress.csv").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "continue with: shoal train --resume" in err and "Traceback" not in err
+    steps = ckpt.read_meta(ckpt.resolve(run))["env_steps"]
+    assert steps > 0
+    resumed = _shoal("train", "--resume", str(run), "--total-steps", str(steps + 512), "--no-progress")
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert ckpt.read_meta(ckpt.resolve(run))["env_steps"] == steps + 512
+    again = _shoal("train", "--resume", str(run), "--total-steps", str(steps + 512))
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 2 and "already reached total_steps" in err

@@ -121,3 +121,15 @@ def test_unreachable_ray_address_fails_fast_without_a_traceback():
                        timeout=60, env=env)
     assert p.returncode == 2
     assert "cannot reach a Ray cluster at 127.0.0.1:9" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 2 and "already holds a run" in err and "--resume" in err
+    failed = tmp_path / "never-started"
+    code, _, err = run_cli(capsys, "train", "ppo", "--backend", "ray", "--address", "127.0.0.1:9",
+                           "--run-dir", str(failed), *FAST)
+    assert code == 2 and not failed.exists()
