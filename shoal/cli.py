@@ -110,6 +110,7 @@ class EvalArgs:
 def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
+    from shoal.envs import make_vector_env
     from shoal.evaluator import record_episodes, run_episodes
 
     args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
@@ -122,7 +123,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     if args.video:
         paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video)
         console.print(f"wrote {len(paths)} videos to {args.video}")
-    result = run_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed)
+    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), args.deterministic, args.seed)
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")

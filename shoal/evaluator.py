@@ -7,16 +7,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import VectorEnv
 
 from shoal.envs import make_env, make_vector_env
 from shoal.policy import ActorCritic, set_weights
 
 
 @torch.no_grad()
-def run_episodes(module: ActorCritic, env_id: str, episodes: int, deterministic: bool,
-                 seed: int) -> dict[str, float]:
-    """Play ``episodes`` episodes in parallel (one env each) and return their statistics."""
-    env = make_vector_env(env_id, episodes)
+def run_episodes(module: ActorCritic, env: VectorEnv, deterministic: bool, seed: int) -> dict[str, float]:
+    """Play one episode in each of ``env``'s copies, in parallel, and return their statistics."""
+    episodes = env.num_envs
     generator = torch.Generator().manual_seed(seed)
     obs, _ = env.reset(seed=seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
@@ -28,7 +28,6 @@ def run_episodes(module: ActorCritic, env_id: str, episodes: int, deterministic:
         returns += r * running
         lengths += running
         running &= ~(term | trunc)
-    env.close()
     return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std()),
             "eval/length_mean": float(lengths.mean()), "eval/episodes": float(episodes)}
 
@@ -75,6 +74,7 @@ class Evaluator:
         self.config, self.store, self.policy_id = config, store, policy_id
         self.policy = spec_for(config).make_policy(config, *env_spaces(config.env))
         self.version = -1
+        self.envs: dict[int, VectorEnv] = {}  # by episode count, built once: Box2D envs are slow to make
 
     def evaluate(self, episodes: int, deterministic: bool, seed: int) -> dict[str, Any]:
         """Evaluate the newest published weights; the result names the version it used."""
@@ -82,6 +82,8 @@ class Evaluator:
         if got is not None:
             self.version, weights = got
             set_weights(self.policy, weights)
-        result: dict[str, Any] = run_episodes(self.policy, self.config.env, episodes, deterministic, seed)
+        if episodes not in self.envs:
+            self.envs[episodes] = make_vector_env(self.config.env, episodes)
+        result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed)
         result["eval/policy_version"] = self.version
         return result

@@ -44,14 +44,17 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[st
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
     best, evaluation, solved = _best_eval(run), None, False
-    saved_at = -1
+    saved: tuple[int, Path] | None = None  # (env_steps, path) of the newest periodic checkpoint
 
     def save() -> Path:
-        nonlocal saved_at
+        nonlocal saved
         path = algo.save(run.checkpoints / f"ckpt_{algo.iteration:09d}")
         ckpt.prune(run.path, c.keep_checkpoints)
-        saved_at = algo.env_steps
+        saved = (algo.env_steps, path)
         return path
+
+    def reached(result: dict[str, Any]) -> bool:
+        return c.stop_return is not None and result["eval/return_mean"] >= c.stop_return
 
     def evaluate() -> dict[str, Any]:
         nonlocal best
@@ -72,7 +75,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[st
                 if every(c.eval_interval, algo.env_steps) > last_eval:
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()
-                    solved = c.stop_return is not None and evaluation["eval/return_mean"] >= c.stop_return
+                    solved = reached(evaluation)
                 if every(c.checkpoint_interval, algo.env_steps) > last_ckpt:
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
@@ -87,8 +90,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[st
                           f"continue with: shoal train --resume {run.path}") from None
     if evaluation is None or evaluation["env_steps"] != algo.env_steps:
         evaluation = evaluate()
-        solved = c.stop_return is not None and evaluation["eval/return_mean"] >= c.stop_return
-    last = save() if saved_at != algo.env_steps else ckpt.checkpoints_in(run.path)[-1]
+        solved = reached(evaluation)
+    last = saved[1] if saved is not None and saved[0] == algo.env_steps else save()
     run.close()
     plot = plot_runs([run.path], run.path / "curve.png")
     return {"run_dir": str(run.path), "env_steps": algo.env_steps, "iterations": algo.iteration,
