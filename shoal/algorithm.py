@@ -34,6 +34,9 @@ class Algorithm:
         self.started = time.perf_counter()
         self.config, self.spec = config, spec_for(config)
         self.obs_space, self.action_space = env_spaces(config.env)
+        # Build the policy once here: a space the algorithm cannot handle fails with one line in
+        # the driver, before any backend starts (on Ray it would fail inside an actor).
+        self.spec.make_policy(config, self.obs_space, self.action_space)
         self.backend = make_backend(config)
         try:
             self.store = self.backend.weight_store()

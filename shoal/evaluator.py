@@ -10,11 +10,11 @@ import torch
 from gymnasium.vector import VectorEnv
 
 from shoal.envs import make_env, make_vector_env
-from shoal.policy import ActorCritic, set_weights
+from shoal.policy import PolicyModule, set_weights
 
 
 @torch.no_grad()
-def run_episodes(module: ActorCritic, env: VectorEnv, deterministic: bool, seed: int) -> dict[str, float]:
+def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int) -> dict[str, float]:
     """Play one episode in each of ``env``'s copies, in parallel, and return their statistics."""
     episodes = env.num_envs
     generator = torch.Generator().manual_seed(seed)
@@ -22,8 +22,7 @@ def run_episodes(module: ActorCritic, env: VectorEnv, deterministic: bool, seed:
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     running = np.ones(episodes, bool)
     while running.any():
-        d = module.dist(module.normalize(torch.as_tensor(obs)))
-        a = module.mode(d) if deterministic else module.sample(d, generator)
+        a = module.act(module.normalize(torch.as_tensor(obs)), deterministic, generator)
         obs, r, term, trunc, _ = env.step(module.to_env(a))
         returns += r * running
         lengths += running
@@ -33,7 +32,7 @@ def run_episodes(module: ActorCritic, env: VectorEnv, deterministic: bool, seed:
 
 
 @torch.no_grad()
-def record_episodes(module: ActorCritic, env_id: str, episodes: int, deterministic: bool,
+def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool,
                     seed: int, video_dir: str | Path) -> list[Path]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4."""
     import imageio.v2 as imageio
@@ -48,8 +47,7 @@ def record_episodes(module: ActorCritic, env_id: str, episodes: int, determinist
         obs, _ = env.reset(seed=seed + i)
         frames, done = [env.render()], False
         while not done:
-            d = module.dist(module.normalize(torch.as_tensor(obs[None])))
-            a = module.mode(d) if deterministic else module.sample(d, generator)
+            a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
             obs, _, term, trunc, _ = env.step(module.to_env(a)[0])
             frames.append(env.render())
             done = term or trunc

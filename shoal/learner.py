@@ -36,6 +36,9 @@ class Learner:
         self.config, self.store, self.policy_id = config, store, policy_id
         self.policy = spec_for(config).make_policy(config, obs_space, action_space)
         self.rng = np.random.default_rng(config.seed)
+        # The learner's own torch stream: the global one is shared with in-process roles on the
+        # local backend, which would make local and Ray runs draw different noise.
+        self.generator = torch.Generator().manual_seed(config.seed)
         self.version = 0
         self.env_steps = 0
 
@@ -43,12 +46,12 @@ class Learner:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
         raise NotImplementedError
 
-    def optimizer_state(self) -> dict[str, Any]:
-        """The algorithm's optimiser (and schedule) state, for checkpoints."""
+    def extra_state(self) -> dict[str, Any]:
+        """The algorithm's state beyond the policy weights (optimisers, critics, targets)."""
         raise NotImplementedError
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Inverse of :meth:`optimizer_state`."""
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`extra_state`."""
         raise NotImplementedError
 
     def update(self, *rollouts: Rollout) -> UpdateResult:
@@ -73,15 +76,15 @@ class Learner:
 
     def get_state(self) -> dict[str, Any]:
         """All the learner needs to continue exactly."""
-        return {"weights": self.get_weights(), "optimizer": self.optimizer_state(),
+        return {"weights": self.get_weights(), "extra": self.extra_state(),
                 "version": self.version, "env_steps": self.env_steps,
-                "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state()}
+                "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state` and republish the restored weights."""
         set_weights(self.policy, state["weights"])
-        self.load_optimizer_state(state["optimizer"])
+        self.load_extra_state(state["extra"])
         self.version, self.env_steps = state["version"], state["env_steps"]
         self.rng.bit_generator.state = state["rng"]
-        torch.set_rng_state(state["torch_rng"])
+        self.generator.set_state(state["torch_rng"])
         self.publish()

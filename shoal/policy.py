@@ -74,34 +74,60 @@ def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Se
     return nn.Sequential(*layers)
 
 
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions."""
+class PolicyModule(nn.Module):
+    """What runners, evaluators and deployment need of any policy network.
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space,
-                 hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
-                 normalize_obs: bool = False, log_std_init: float = 0.0):
+    Exploration settings (epsilon, action noise, "act at random" before learning starts) are
+    buffers of the module, so the learner sets them and they travel with the published weights.
+    """
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box):
             raise ShoalError(f"observation space {obs_space} is not supported: shoal's MLP policies need a Box")
-        self.obs_space, self.action_space = obs_space, action_space
-        obs_dim = int(np.prod(obs_space.shape))
-        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        if self.discrete:
-            out = int(action_space.n)
-        elif isinstance(action_space, gym.spaces.Box):
-            out = int(np.prod(action_space.shape))
-            self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
-        else:
+        if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise ShoalError(f"action space {action_space} is not supported: use Discrete or Box")
+        self.obs_space, self.action_space = obs_space, action_space
+        self.obs_dim = int(np.prod(obs_space.shape))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
-        self.actor = mlp([obs_dim, *hidden_sizes, out], act, out_gain=0.01)
-        self.critic = mlp([obs_dim, *hidden_sizes, 1], act, out_gain=1.0)
 
     def normalize(self, obs: Tensor) -> Tensor:
         """Raw observations [N, *obs_shape] -> network input [N, obs_dim]."""
         obs = obs.reshape(obs.shape[0], -1).float()
         return self.obs_norm(obs) if self.obs_norm is not None else obs
+
+    def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Behaviour actions [N, ...] for network inputs ``x`` and their log-probabilities [N]
+        (zeros where the algorithm does not use them)."""
+        raise NotImplementedError
+
+    def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
+        """Evaluation/deployment actions for network inputs ``x``."""
+        raise NotImplementedError
+
+    def to_env(self, actions: Tensor) -> np.ndarray:
+        """Actions as the env takes them (continuous ones clipped to the bounds)."""
+        a = actions.numpy()
+        if self.discrete:
+            return a.astype(np.int64)
+        a = a.reshape(a.shape[0], *self.action_space.shape)
+        return np.clip(a, self.action_space.low, self.action_space.high)
+
+
+class ActorCritic(PolicyModule):
+    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space,
+                 hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
+                 normalize_obs: bool = False, log_std_init: float = 0.0):
+        super().__init__(obs_space, action_space, normalize_obs)
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
+        self.actor = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
+        self.critic = mlp([self.obs_dim, *hidden_sizes, 1], act, out_gain=1.0)
 
     def dist(self, x: Tensor) -> Distribution:
         """Action distribution for normalised observations ``x`` [N, obs_dim]."""
@@ -109,14 +135,6 @@ class ActorCritic(nn.Module):
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
-
-    def log_prob(self, d: Distribution, actions: Tensor) -> Tensor:
-        """Log-probability [N] of ``actions`` (summed over action dimensions when continuous)."""
-        return d.log_prob(actions) if self.discrete else d.log_prob(actions).sum(-1)
-
-    def entropy(self, d: Distribution) -> Tensor:
-        """Entropy [N] of the action distribution."""
-        return d.entropy() if self.discrete else d.entropy().sum(-1)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
@@ -157,13 +175,9 @@ class ActorCritic(nn.Module):
         noise = torch.randn(d.mean.shape, generator=generator)
         return d.mean + d.stddev * noise
 
-    def to_env(self, actions: Tensor) -> np.ndarray:
-        """Actions as the env takes them (continuous ones clipped to the bounds)."""
-        a = actions.numpy()
-        if self.discrete:
-            return a.astype(np.int64)
-        a = a.reshape(a.shape[0], *self.action_space.shape)
-        return np.clip(a, self.action_space.low, self.action_space.high)
+    def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
+        d = self.dist(x)
+        return self.mode(d) if deterministic else self.sample(d, generator)
 
 
 def get_weights(module: nn.Module) -> Weights:
@@ -179,7 +193,7 @@ def set_weights(module: nn.Module, weights: Weights) -> None:
 class Policy:
     """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
 
-    def __init__(self, module: ActorCritic, version: int = 0):
+    def __init__(self, module: PolicyModule, version: int = 0):
         self.module = module.eval()
         self.version = version
         self.observation_space = module.obs_space
@@ -192,6 +206,5 @@ class Policy:
         obs = np.asarray(obs, dtype=np.float32)
         single = obs.shape == self.observation_space.shape
         batch = torch.as_tensor(obs[None] if single else obs)
-        d = self.module.dist(self.module.normalize(batch))
-        actions = self.module.to_env(self.module.mode(d) if deterministic else self.module.sample(d, generator))
+        actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
         return actions[0] if single else actions

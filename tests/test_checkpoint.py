@@ -57,7 +57,7 @@ def test_save_load_continues_exactly(tiny, tmp_path, env):
             algo.train()
         resumed = algo.backend.get(algo.learner.call("get_state"))
     assert_same_weights(uninterrupted["weights"], resumed["weights"])
-    for group_a, group_b in zip(uninterrupted["optimizer"]["state"].values(), resumed["optimizer"]["state"].values()):
+    for group_a, group_b in zip(uninterrupted["extra"]["state"].values(), resumed["extra"]["state"].values()):
         torch.testing.assert_close(group_a["exp_avg_sq"], group_b["exp_avg_sq"], rtol=0, atol=0)
 
 

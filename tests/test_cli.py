@@ -57,7 +57,7 @@ def test_layering_preset_file_set_and_flags(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: ppo"),
+    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: ddpg, dqn, ppo, sac, td3"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
     (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
     (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),

@@ -29,3 +29,26 @@ def test_ppo_reaches_minus_250_on_pendulum_within_300k_steps(tmp_path):
     assert config.total_steps <= 300_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= -250, summary
+
+
+def offpolicy(algo, env, **sets):
+    from shoal.algos import get
+
+    return build(get(algo).config_cls, algo, env=env,
+                 sets={"progress": False, "tensorboard": False, "torch_threads": 1, **sets})
+
+
+def test_dqn_solves_cartpole_within_100k_steps(tmp_path):
+    config = offpolicy("dqn", "CartPole-v1", seed=0, stop_return=475)
+    assert config.total_steps <= 100_000
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+
+
+@pytest.mark.parametrize("algo, threshold, budget", [("sac", -200, 20_000), ("td3", -200, 30_000),
+                                                     ("ddpg", -250, 30_000)])
+def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budget, tmp_path):
+    config = offpolicy(algo, "Pendulum-v1", seed=0, stop_return=threshold)
+    assert config.total_steps <= budget
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= threshold, summary

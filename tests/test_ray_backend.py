@@ -19,15 +19,25 @@ def ray_cluster():
     ray.shutdown()
 
 
-def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny):
+def sac_config(**kw):
+    from shoal.algos.sac import SACConfig
+
+    return SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), batch_size=32, learning_starts=32, rollout_steps=8,
+                     num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
     """Switching --backend must change where the algorithm runs, never what it computes."""
     results = {}
     for backend in ("local", "ray"):
-        with shoal.make(tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11)) as algo:
-            for _ in range(3):
-                metrics = algo.train()
-            assert metrics["learner/policy_version"] == 3
-            results[backend] = algo.backend.get(algo.learner.call("get_weights"))
+        config = (tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11) if algo == "ppo"
+                  else sac_config(backend=backend, num_env_runners=2, seed=11))
+        with shoal.make(config) as algo_:
+            for _ in range(4):
+                metrics = algo_.train()
+            assert metrics["learner/policy_version"] == 4
+            results[backend] = algo_.backend.get(algo_.learner.call("get_weights"))
     for k, v in results["local"].items():
         np.testing.assert_array_equal(v, results["ray"][k], err_msg=k)
 

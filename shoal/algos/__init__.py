@@ -17,7 +17,7 @@ class AlgoSpec:
     config_cls: type
     learner_cls: type
     make_policy: Callable[..., Any]  # (config, obs_space, action_space) -> policy module
-    loop: str  # which driver loop: "on_policy"
+    loop: str  # which driver loop: "sync" (sample -> update -> publish, every iteration)
     summary: str
 
 
@@ -45,4 +45,4 @@ def spec_for(config: Any) -> AlgoSpec:
     return get(config.algo)
 
 
-from shoal.algos import ppo  # noqa: E402,F401  (registers itself)
+from shoal.algos import ddpg, dqn, ppo, sac, td3  # noqa: E402,F401  (each registers itself)

@@ -112,10 +112,10 @@ class PPOLearner(Learner):
         # fused Adam: ~25% faster per step than the default for small MLPs on CPU.
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)
 
-    def optimizer_state(self) -> dict[str, Any]:
+    def extra_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+    def load_extra_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
     def _batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
@@ -186,5 +186,5 @@ class PPOLearner(Learner):
                 "learner/clip": clip, "learner/explained_variance": explained}
 
 
-register(AlgoSpec("ppo", PPOConfig, PPOLearner, make_policy, "on_policy",
+register(AlgoSpec("ppo", PPOConfig, PPOLearner, make_policy, "sync",
                   "Proximal Policy Optimization, discrete and continuous actions"))

@@ -1,0 +1,155 @@
+"""Deep Q-Networks (Mnih et al. 2015) with the Rainbow-lite options: double Q-learning
+(van Hasselt et al. 2016), a dueling head (Wang et al. 2016), n-step returns and prioritised
+replay (Schaul et al. 2016). All on: Rainbow without its distributional and noisy parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from shoal.algos import AlgoSpec, register
+from shoal.config import _check
+from shoal.errors import ShoalError
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, polyak, target_copy
+from shoal.policy import PolicyModule, mlp
+from shoal.replay import Transitions
+
+
+@dataclass(frozen=True)
+class DQNConfig(OffPolicyConfig):
+    """DQN for discrete actions: double, dueling, n-step and prioritised replay as flags."""
+
+    algo: ClassVar[str] = "dqn"
+
+    double: bool = True
+    """Double Q-learning: the online network picks the next action, the target network values it."""
+    dueling: bool = False
+    """Dueling head: Q = V + A - mean(A)."""
+    tau: float = 1.0
+    """Target update: 1.0 copies every target_update_interval updates; < 1 is Polyak averaging each update."""
+    target_update_interval: int = 1000
+    """Gradient updates between target-network copies (when tau is 1.0)."""
+    exploration_fraction: float = 0.1
+    """Fraction of total_steps over which epsilon decays linearly."""
+    exploration_initial_eps: float = 1.0
+    """Epsilon at the start."""
+    exploration_final_eps: float = 0.05
+    """Epsilon after the decay."""
+    max_grad_norm: float = 10.0
+    """Clip the global gradient norm to this."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.target_update_interval >= 1, "target_update_interval must be at least 1")
+        _check(0 <= self.exploration_fraction <= 1, "exploration_fraction must be in [0, 1]")
+        _check(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
+               "need 0 <= exploration_final_eps <= exploration_initial_eps <= 1")
+
+    def epsilon(self, env_steps: int) -> float:
+        """Linearly decayed exploration rate after ``env_steps`` steps."""
+        decay_steps = max(1.0, self.exploration_fraction * self.total_steps)
+        frac = min(1.0, env_steps / decay_steps)
+        return self.exploration_initial_eps + frac * (self.exploration_final_eps - self.exploration_initial_eps)
+
+
+class QNetwork(PolicyModule):
+    """Q-values for every discrete action; acts epsilon-greedily (epsilon is a published buffer)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
+                 activation: str, dueling: bool):
+        super().__init__(obs_space, action_space, normalize_obs=False)
+        if not self.discrete:
+            raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+        self.dueling = dueling
+        if dueling:
+            self.trunk = nn.Sequential(mlp([self.obs_dim, *hidden_sizes], act, out_gain=1.0), act())
+            self.value_head = mlp([hidden_sizes[-1], 1], act, out_gain=1.0)
+            self.advantage_head = mlp([hidden_sizes[-1], self.action_dim], act, out_gain=1.0)
+        else:
+            self.q = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
+        self.register_buffer("epsilon", torch.tensor(1.0))
+
+    def forward(self, x: Tensor) -> Tensor:  # [N, actions]
+        if not self.dueling:
+            return self.q(x)
+        h = self.trunk(x)
+        adv = self.advantage_head(h)
+        return self.value_head(h) + adv - adv.mean(dim=-1, keepdim=True)  # Wang et al. eq. 9
+
+    def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
+        greedy = self(x).argmax(-1)
+        n = x.shape[0]
+        random = torch.randint(0, self.action_dim, (n,), generator=generator)
+        explore = torch.rand(n, generator=generator) < epsilon
+        return torch.where(explore, random, greedy)
+
+    def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        return self._epsilon_greedy(x, float(self.epsilon), generator), torch.zeros(x.shape[0])
+
+    def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
+        return self(x).argmax(-1) if deterministic else self._epsilon_greedy(x, float(self.epsilon), generator)
+
+
+def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q_online: Tensor | None) -> Tensor:
+    """r + discount * Q_target(s', a*) [N]; a* from the online net when double, else the target's max."""
+    if next_q_online is None:
+        best = next_q_target.max(-1).values
+    else:
+        best = next_q_target.gather(-1, next_q_online.argmax(-1, keepdim=True)).squeeze(-1)
+    return rewards + discounts * best
+
+
+def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
+    """The Q-network DQN trains and runners act with."""
+    return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling)
+
+
+class DQNLearner(OffPolicyLearner):
+    """Huber TD loss on (prioritised) replay, with a hard or Polyak target network."""
+
+    def __init__(self, config: DQNConfig, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        self.target = target_copy(self.policy)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
+        self.set_exploration(0)
+
+    def set_exploration(self, env_steps: int) -> None:
+        c = self.config
+        self.policy.epsilon.fill_(1.0 if env_steps < c.learning_starts else c.epsilon(env_steps))
+
+    def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        c = self.config
+        q = self.policy(b.obs).gather(-1, b.actions[:, None]).squeeze(-1)
+        with torch.no_grad():
+            target = td_targets(b.rewards, b.discounts, self.target(b.next_obs),
+                                self.policy(b.next_obs) if c.double else None)
+        loss = (b.weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        if c.tau < 1.0:
+            polyak(self.target, self.policy, c.tau)
+        elif (self.updates + 1) % c.target_update_interval == 0:
+            self.target.load_state_dict(self.policy.state_dict())
+        td = (q - target).detach()
+        return {"loss/q": loss.detach(), "learner/q_mean": q.detach().mean(),
+                "learner/epsilon": self.policy.epsilon.clone()}, td.abs() if c.prioritized else None
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.target.load_state_dict(state["target"])
+
+
+register(AlgoSpec("dqn", DQNConfig, DQNLearner, make_policy, "sync",
+                  "DQN with double, dueling, n-step and prioritised replay options (discrete actions)"))

@@ -1,0 +1,141 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "SAC: Algorithms and Applications"): a tanh-squashed
+Gaussian actor maximising Q - alpha * log pi, twin critics with the smaller soft target, and the
+temperature alpha tuned to a target entropy (Sec. 5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from shoal.algos import AlgoSpec, register
+from shoal.config import _check
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritic, ScaledActions, polyak, target_copy
+from shoal.policy import mlp
+from shoal.replay import Transitions
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+
+@dataclass(frozen=True)
+class SACConfig(OffPolicyConfig):
+    """SAC for continuous actions, with automatic entropy tuning."""
+
+    algo: ClassVar[str] = "sac"
+
+    alpha: float | None = None
+    """Fixed entropy temperature; None tunes it to target_entropy."""
+    alpha_init: float = 1.0
+    """Initial temperature when tuned."""
+    target_entropy: float | None = None
+    """Entropy the temperature aims for (default: -action dimensions)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.alpha is None or self.alpha >= 0, "alpha must be 0 or more (or None to tune it)")
+        _check(self.alpha_init > 0, "alpha_init must be positive")
+
+
+class SquashedGaussianActor(ScaledActions):
+    """a = tanh(u), u ~ N(mu(s), sigma(s)): bounded actions with a tractable log-probability."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
+        super().__init__(obs_space, action_space)
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+        self.trunk = nn.Sequential(mlp([self.obs_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
+        self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
+        self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
+
+    def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Reparameterised actions [N, act_dim] and their log-probabilities [N] (Appendix C)."""
+        h = self.trunk(x)
+        mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        noise = torch.randn(mu.shape, generator=generator)
+        u = mu + log_std.exp() * noise
+        a = torch.tanh(u)
+        # log N(u) - sum log(1 - tanh(u)^2), the latter written stably as 2(log 2 - u - softplus(-2u)).
+        logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1)
+        return a, logp
+
+    def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        if self.random_actions:
+            return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
+        return self.sample(x, generator)
+
+    def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
+        return torch.tanh(self.mu(self.trunk(x))) if deterministic else self.sample(x, generator)[0]
+
+
+def make_policy(config: SACConfig, obs_space, action_space) -> SquashedGaussianActor:
+    """The squashed Gaussian actor SAC trains."""
+    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation)
+
+
+class SACLearner(OffPolicyLearner):
+    """Soft Q-targets with twin critics, reparameterised actor loss, temperature tuning."""
+
+    def __init__(self, config: SACConfig, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
+        self.critics = nn.ModuleList([QCritic(*dims), QCritic(*dims)])
+        self.target_critics = target_copy(self.critics)
+        self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), requires_grad=config.alpha is None)
+        self.target_entropy = -float(self.policy.action_dim) if config.target_entropy is None else config.target_entropy
+        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, fused=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=config.lr)
+
+    def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        c = self.config
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():  # soft target: min of twin target critics minus alpha * log pi (eq. 3)
+            next_a, next_logp = self.policy.sample(b.next_obs, self.generator)
+            next_q = torch.min(*(q(b.next_obs, next_a) for q in self.target_critics))
+            target = b.rewards + b.discounts * (next_q - alpha * next_logp)
+        q1, q2 = (q(b.obs, b.actions) for q in self.critics)
+        critic_loss = (b.weights * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean() * 0.5
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+
+        a, logp = self.policy.sample(b.obs, self.generator)  # reparameterised (eq. 7)
+        q_pi = torch.min(*(q(b.obs, a) for q in self.critics))
+        actor_loss = (alpha * logp - q_pi).mean()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optimizer.step()
+
+        metrics = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(),
+                   "learner/alpha": alpha, "learner/entropy": -logp.detach().mean()}
+        if c.alpha is None:  # temperature towards the target entropy (eq. 18)
+            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_optimizer.step()
+        polyak(self.target_critics, self.critics, c.tau)
+        return metrics, (q1 - target).detach().abs() if c.prioritized else None
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"critics": self.critics.state_dict(), "target_critics": self.target_critics.state_dict(),
+                "log_alpha": self.log_alpha.detach().clone(), "actor_opt": self.actor_optimizer.state_dict(),
+                "critic_opt": self.critic_optimizer.state_dict(), "alpha_opt": self.alpha_optimizer.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.critics.load_state_dict(state["critics"])
+        self.target_critics.load_state_dict(state["target_critics"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.actor_optimizer.load_state_dict(state["actor_opt"])
+        self.critic_optimizer.load_state_dict(state["critic_opt"])
+        self.alpha_optimizer.load_state_dict(state["alpha_opt"])
+
+
+register(AlgoSpec("sac", SACConfig, SACLearner, make_policy, "sync",
+                  "Soft Actor-Critic with twin critics and automatic entropy tuning (continuous actions)"))

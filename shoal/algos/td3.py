@@ -1,0 +1,132 @@
+"""Twin Delayed DDPG (Fujimoto et al. 2018): twin critics with the smaller target (clipped double
+Q), target policy smoothing, and delayed actor updates. DDPG (``shoal/algos/ddpg.py``) is this
+learner with the three additions switched off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+
+from shoal.algos import AlgoSpec, register
+from shoal.config import _check
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritic, ScaledActions, polyak, target_copy
+from shoal.policy import mlp
+from shoal.replay import Transitions
+
+
+@dataclass(frozen=True)
+class TD3Config(OffPolicyConfig):
+    """TD3 for continuous actions."""
+
+    algo: ClassVar[str] = "td3"
+
+    hidden_sizes: tuple[int, ...] = (400, 300)
+    """Hidden layer widths of the actor and critics (the paper's 400-300)."""
+    lr: float = 1e-3
+    """Adam learning rate of actor and critics."""
+    action_noise: float = 0.1
+    """Std of the Gaussian exploration noise, in units of half the action range."""
+    twin_critics: bool = True
+    """Learn two critics and bootstrap from the smaller (clipped double Q-learning)."""
+    policy_delay: int = 2
+    """Critic updates per actor (and target) update."""
+    target_noise: float = 0.2
+    """Std of the smoothing noise added to target actions (0: none)."""
+    target_noise_clip: float = 0.5
+    """Clip of the target smoothing noise."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.action_noise >= 0 and self.target_noise >= 0, "noise settings must be 0 or more")
+        _check(self.policy_delay >= 1, "policy_delay must be at least 1")
+
+
+class DeterministicActor(ScaledActions):
+    """a = tanh(MLP(s)) in [-1, 1]; explores with Gaussian noise of std ``noise_std`` (a buffer)."""
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
+                 activation: str, noise_std: float):
+        super().__init__(obs_space, action_space)
+        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
+        self.net = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
+        self.register_buffer("noise_std", torch.tensor(float(noise_std)))
+
+    def forward(self, x: Tensor) -> Tensor:  # [N, act_dim]
+        return torch.tanh(self.net(x))
+
+    def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        if self.random_actions:
+            return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
+        a = self(x)
+        noise = torch.randn(a.shape, generator=generator) * self.noise_std
+        return (a + noise).clamp(-1, 1), torch.zeros(x.shape[0])
+
+    def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
+        return self(x) if deterministic else self.explore(x, generator)[0]
+
+
+def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActor:
+    """The deterministic actor TD3 and DDPG train."""
+    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise)
+
+
+class TD3Learner(OffPolicyLearner):
+    """Critic regression to clipped double-Q targets every update; actor and targets every policy_delay."""
+
+    def __init__(self, config: TD3Config, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
+        self.critics = nn.ModuleList([QCritic(*dims) for _ in range(2 if config.twin_critics else 1)])
+        self.target_critics = target_copy(self.critics)
+        self.target_actor = target_copy(self.policy)
+        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, fused=True)
+        self.last_actor_loss = torch.tensor(0.0)  # reported between delayed actor updates
+
+    def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        c = self.config
+        with torch.no_grad():
+            next_a = self.target_actor(b.next_obs)
+            if c.target_noise > 0:  # target policy smoothing (Sec. 5.3)
+                noise = (torch.randn(next_a.shape, generator=self.generator) * c.target_noise).clamp(-c.target_noise_clip, c.target_noise_clip)
+                next_a = (next_a + noise).clamp(-1, 1)
+            next_q = torch.stack([q(b.next_obs, next_a) for q in self.target_critics]).min(0).values
+            target = b.rewards + b.discounts * next_q  # [N]
+        qs = [q(b.obs, b.actions) for q in self.critics]
+        td = qs[0] - target
+        critic_loss = sum((b.weights * (q - target).pow(2)).mean() for q in qs)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+        metrics = {"loss/critic": critic_loss.detach(), "learner/q_mean": qs[0].detach().mean()}
+        if (self.updates + 1) % c.policy_delay == 0:  # delayed actor and target updates (Sec. 5.2)
+            actor_loss = -self.critics[0](b.obs, self.policy(b.obs)).mean()
+            self.actor_optimizer.zero_grad(set_to_none=True)
+            actor_loss.backward()
+            self.actor_optimizer.step()
+            polyak(self.target_critics, self.critics, c.tau)
+            polyak(self.target_actor, self.policy, c.tau)
+            self.last_actor_loss = actor_loss.detach()
+        metrics["loss/actor"] = self.last_actor_loss
+        return metrics, td.detach().abs() if c.prioritized else None
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"critics": self.critics.state_dict(), "target_critics": self.target_critics.state_dict(),
+                "target_actor": self.target_actor.state_dict(), "actor_opt": self.actor_optimizer.state_dict(),
+                "critic_opt": self.critic_optimizer.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.critics.load_state_dict(state["critics"])
+        self.target_critics.load_state_dict(state["target_critics"])
+        self.target_actor.load_state_dict(state["target_actor"])
+        self.actor_optimizer.load_state_dict(state["actor_opt"])
+        self.critic_optimizer.load_state_dict(state["critic_opt"])
+
+
+register(AlgoSpec("td3", TD3Config, TD3Learner, make_policy, "sync",
+                  "Twin Delayed DDPG: clipped double Q, target smoothing, delayed actor (continuous actions)"))

@@ -1,0 +1,219 @@
+"""ReplayBuffer: transitions with n-step returns, uniform or prioritised sampling, a rate limiter.
+
+Each stored transition is (obs, action, reward, next_obs, discount): ``reward`` is the n-step
+discounted sum and ``discount`` is gamma^k where the target bootstraps from ``next_obs`` after k
+steps, or 0 after a terminal state. A truncated episode (time limit) therefore still bootstraps,
+from its true final observation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from shoal.runner import Rollout
+
+
+class Transitions(NamedTuple):
+    """A sampled batch. Shapes in brackets."""
+
+    obs: Tensor  # [N, obs_dim]
+    actions: Tensor  # [N] (discrete) or [N, act_dim]
+    rewards: Tensor  # [N] n-step discounted reward
+    next_obs: Tensor  # [N, obs_dim] observation to bootstrap from
+    discounts: Tensor  # [N] gamma^k, or 0 after termination
+    weights: Tensor  # [N] importance-sampling weights (1 when uniform)
+    indices: np.ndarray  # [N] storage slots, for priority updates
+
+
+class SumTree:
+    """Priorities as leaves of a binary tree of partial sums; every operation is vectorised."""
+
+    def __init__(self, capacity: int):
+        self.leaves = 1 << max(1, math.ceil(math.log2(capacity)))
+        self.depth = int(math.log2(self.leaves))
+        self.tree = np.zeros(2 * self.leaves)
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        return self.tree[idx + self.leaves]
+
+    def update(self, idx: np.ndarray, priorities: np.ndarray) -> None:
+        """Set leaves ``idx`` to ``priorities`` and recompute their ancestors level by level."""
+        nodes = np.asarray(idx) + self.leaves
+        self.tree[nodes] = priorities
+        for _ in range(self.depth):
+            nodes = np.unique(nodes // 2)
+            self.tree[nodes] = self.tree[2 * nodes] + self.tree[2 * nodes + 1]
+
+    def find(self, values: np.ndarray) -> np.ndarray:
+        """Leaf indices whose prefix-sum interval contains each value (descends all at once)."""
+        nodes = np.ones(len(values), dtype=np.int64)
+        values = values.copy()
+        for _ in range(self.depth):
+            left = self.tree[2 * nodes]
+            right = values >= left
+            values -= left * right
+            nodes = 2 * nodes + right
+        return nodes - self.leaves
+
+
+class RateLimiter:
+    """Reverb's SampleToInsertRatio: keeps samples per insert near ``samples_per_insert``.
+
+    With diff = inserts * spi - samples (items), sampling n items is allowed once
+    ``min_size_to_sample`` items were inserted and while diff - n >= spi * min_size - error_buffer;
+    inserting n items is allowed while diff + n * spi <= spi * min_size + error_buffer.
+    ``samples_per_insert=None`` never blocks (beyond the minimum size).
+    """
+
+    def __init__(self, samples_per_insert: float | None, min_size_to_sample: int, error_buffer: float):
+        self.spi, self.min_size, self.error_buffer = samples_per_insert, min_size_to_sample, error_buffer
+        self.inserts, self.samples = 0, 0
+
+    def _diff(self) -> float:
+        return self.inserts * self.spi - self.samples
+
+    def can_sample(self, n: int) -> bool:
+        if self.inserts < self.min_size:
+            return False
+        return self.spi is None or self._diff() - n >= self.spi * self.min_size - self.error_buffer
+
+    def can_insert(self, n: int) -> bool:
+        return self.spi is None or self._diff() + n * self.spi <= self.spi * self.min_size + self.error_buffer
+
+
+class ReplayBuffer:
+    """A ring buffer of n-step transitions; uniform or prioritised (Schaul et al. 2016) sampling."""
+
+    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...], action_dtype: Any, *,
+                 gamma: float, n_step: int = 1, prioritized: bool = False, alpha: float = 0.6,
+                 priority_eps: float = 1e-6, samples_per_insert: float | None = None,
+                 min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0):
+        self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.actions = np.zeros((capacity, *action_shape), action_dtype)
+        self.rewards = np.zeros(capacity, np.float32)
+        self.discounts = np.zeros(capacity, np.float32)
+        self.pos, self.size = 0, 0
+        self.prioritized, self.alpha, self.priority_eps = prioritized, alpha, priority_eps
+        self.tree = SumTree(capacity) if prioritized else None
+        self.max_priority = 1.0
+        self.limiter = RateLimiter(samples_per_insert, min_size_to_sample,
+                                   error_buffer if error_buffer is not None else max(1.0, samples_per_insert or 1.0))
+        self.rng = np.random.default_rng(seed)
+        # Per (runner, env) stream: the last steps not yet long enough for an n-step transition.
+        self.pending: dict[tuple[int, int], deque] = {}
+
+    def __len__(self) -> int:
+        return self.size
+
+    # -- inserting -------------------------------------------------------------------------
+    def add_rollout(self, r: Rollout) -> int:
+        """Turn a rollout into n-step transitions and store them; returns how many were stored."""
+        T, B = r.rewards.shape
+        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, obs_dim]
+        if len(r.final_idx):  # an ended episode's successor is its true final observation
+            next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
+        if self.n_step == 1:
+            self._store(r.obs.reshape(T * B, -1), r.actions.reshape(T * B, *r.actions.shape[2:]),
+                        r.rewards.reshape(-1), next_obs.reshape(T * B, -1),
+                        np.where(r.terminated, 0.0, self.gamma).reshape(-1))
+            return T * B
+        stored = 0
+        for b in range(B):
+            queue = self.pending.setdefault((r.runner_id, b), deque())
+            for t in range(T):
+                queue.append((r.obs[t, b], r.actions[t, b], r.rewards[t, b], next_obs[t, b], r.terminated[t, b]))
+                if r.terminated[t, b] or r.truncated[t, b]:
+                    while queue:  # the episode ended: every pending start gets a shorter window
+                        stored += self._emit(queue)
+                        queue.popleft()
+                elif len(queue) == self.n_step:
+                    stored += self._emit(queue)
+                    queue.popleft()
+        return stored
+
+    def _emit(self, queue: deque) -> int:
+        """Store the transition starting at queue[0] and spanning the whole queue."""
+        k = len(queue)
+        reward = sum(self.gamma**i * step[2] for i, step in enumerate(queue))
+        last = queue[-1]
+        discount = 0.0 if last[4] else self.gamma**k
+        first = queue[0]
+        self._store(first[0][None], np.asarray(first[1])[None], np.array([reward]), last[3][None], np.array([discount]))
+        return 1
+
+    def _store(self, obs, actions, rewards, next_obs, discounts) -> None:
+        n = len(rewards)
+        idx = (self.pos + np.arange(n)) % self.capacity
+        self.obs[idx], self.actions[idx], self.rewards[idx] = obs, actions, rewards
+        self.next_obs[idx], self.discounts[idx] = next_obs, discounts
+        if self.tree is not None:  # new transitions get the highest priority seen, so each is replayed once
+            self.tree.update(idx, np.full(n, self.max_priority**self.alpha))
+        self.pos = int((self.pos + n) % self.capacity)
+        self.size = min(self.capacity, self.size + n)
+        self.limiter.inserts += n
+
+    # -- sampling --------------------------------------------------------------------------
+    def can_sample(self, batch_size: int) -> bool:
+        """Whether the rate limiter allows drawing ``batch_size`` more transitions now."""
+        return self.limiter.can_sample(batch_size)
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Transitions:
+        """Draw a batch; prioritised buffers also return importance weights (eq. in Sec. 3.4)."""
+        if self.tree is None:
+            idx = self.rng.integers(0, self.size, batch_size)
+            weights = np.ones(batch_size, np.float32)
+        else:
+            # Stratified: one draw in each of batch_size equal slices of the total priority.
+            total = self.tree.total
+            bounds = np.arange(batch_size) * (total / batch_size)
+            values = np.minimum(bounds + self.rng.random(batch_size) * (total / batch_size), total * (1 - 1e-12))
+            idx = np.minimum(self.tree.find(values), self.size - 1)
+            probs = self.tree.get(idx) / total
+            weights = (self.size * probs) ** (-beta)
+            weights = (weights / weights.max()).astype(np.float32)
+        self.limiter.samples += batch_size
+        t = torch.as_tensor
+        return Transitions(t(self.obs[idx]), t(self.actions[idx]), t(self.rewards[idx]), t(self.next_obs[idx]),
+                           t(self.discounts[idx]), t(weights), idx)
+
+    def update_priorities(self, idx: np.ndarray, td_errors: np.ndarray) -> None:
+        """New priorities |TD error| + eps for sampled slots."""
+        if self.tree is None:
+            return
+        priorities = np.abs(td_errors) + self.priority_eps
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.update(idx, priorities**self.alpha)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Contents and counters, for checkpoints with --save-replay."""
+        n = self.size
+        return {"obs": self.obs[:n].copy(), "next_obs": self.next_obs[:n].copy(), "actions": self.actions[:n].copy(),
+                "rewards": self.rewards[:n].copy(), "discounts": self.discounts[:n].copy(), "pos": self.pos,
+                "size": n, "tree": None if self.tree is None else self.tree.tree.copy(),
+                "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
+                "rng": self.rng.bit_generator.state, "pending": {k: list(v) for k, v in self.pending.items()}}
+
+    def set_state(self, s: dict[str, Any]) -> None:
+        """Restore :meth:`get_state`."""
+        n = s["size"]
+        self.obs[:n], self.next_obs[:n], self.actions[:n] = s["obs"], s["next_obs"], s["actions"]
+        self.rewards[:n], self.discounts[:n] = s["rewards"], s["discounts"]
+        self.pos, self.size, self.max_priority = s["pos"], n, s["max_priority"]
+        if self.tree is not None and s["tree"] is not None:
+            self.tree.tree[:] = s["tree"]
+        self.limiter.inserts, self.limiter.samples = s["inserts"], s["samples"]
+        self.rng.bit_generator.state = s["rng"]
+        self.pending = {k: deque(v) for k, v in s["pending"].items()}

@@ -1,0 +1,102 @@
+"""Replay mechanics: n-step targets, sum-tree sampling, importance weights, rate limiting, round trip."""
+
+import numpy as np
+import pytest
+
+from shoal.replay import RateLimiter, ReplayBuffer, SumTree
+from shoal.runner import Rollout
+
+
+def rollout(rewards, terminated, truncated, runner_id=0):
+    """One env; observation at step t is [t]; a final observation after step t is [100 + t]."""
+    T = len(rewards)
+    term = np.array(terminated, bool)[:, None]
+    trunc = np.array(truncated, bool)[:, None]
+    final_idx = np.argwhere(term | trunc)
+    return Rollout(obs=np.arange(T, dtype=np.float32).reshape(T, 1, 1), actions=np.zeros((T, 1), np.int64),
+                   logp=np.zeros((T, 1), np.float32), rewards=np.array(rewards, np.float32)[:, None],
+                   terminated=term, truncated=trunc, last_obs=np.array([[float(T)]], np.float32),
+                   final_idx=final_idx, final_obs=np.array([[100.0 + t] for t, _ in final_idx], np.float32),
+                   policy_id="default", policy_version=0, runner_id=runner_id, obs_moments=None)
+
+
+def stored(buf):
+    return {float(buf.obs[i, 0]): (float(buf.rewards[i]), float(buf.next_obs[i, 0]), float(buf.discounts[i]))
+            for i in range(len(buf))}
+
+
+def test_n_step_targets_respect_termination_and_truncation():
+    g = 0.5
+    buf = ReplayBuffer(100, 1, (), np.int64, gamma=g, n_step=3)
+    # steps 0..2 end in termination at t=2; steps 3..4 end in truncation at t=4; steps 5..6 continue.
+    buf.add_rollout(rollout([1, 2, 4, 8, 16, 32, 64], [0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]))
+    got = stored(buf)
+    assert got[0.0] == (1 + g * 2 + g**2 * 4, 102.0, 0.0)  # terminated: no bootstrap
+    assert got[1.0] == (2 + g * 4, 102.0, 0.0)
+    assert got[2.0] == (4, 102.0, 0.0)
+    assert got[3.0] == (8 + g * 16, 104.0, g**2)  # truncated: bootstrap from the true final obs
+    assert got[4.0] == (16, 104.0, g)
+    assert 5.0 not in got  # only 2 steps of the running episode so far: waits for a third
+    buf.add_rollout(rollout([128], [0], [0]))  # the next rollout completes it (obs index restarts at 0)
+    assert stored(buf)[5.0] == (32 + g * 64 + g**2 * 128, 1.0, g**3)
+
+
+def test_one_step_transitions_bootstrap_unless_terminated():
+    buf = ReplayBuffer(10, 1, (), np.int64, gamma=0.9)
+    buf.add_rollout(rollout([1, 1, 1], [0, 1, 0], [1, 0, 0]))
+    got = stored(buf)
+    assert got[0.0] == (1.0, 100.0, pytest.approx(0.9))  # truncated at t=0: next is the final obs
+    assert got[1.0] == (1.0, 101.0, 0.0)
+    assert got[2.0] == (1.0, 3.0, pytest.approx(0.9))  # the rollout's last step: next is last_obs
+
+
+def test_sum_tree_samples_in_proportion_to_priority():
+    rng = np.random.default_rng(0)
+    tree = SumTree(5)
+    priorities = np.array([1.0, 2.0, 3.0, 4.0, 0.0])
+    tree.update(np.arange(5), priorities)
+    assert tree.total == pytest.approx(10.0)
+    n = 200_000
+    counts = np.bincount(tree.find(rng.random(n) * tree.total), minlength=tree.leaves)[:5]
+    expected = n * priorities / priorities.sum()
+    chi2 = ((counts[:4] - expected[:4]) ** 2 / expected[:4]).sum()
+    assert counts[4] == 0
+    assert chi2 < 16.3  # 99.9% quantile of chi-square with 3 degrees of freedom
+
+
+def test_importance_weights_and_priority_updates():
+    buf = ReplayBuffer(8, 1, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=1)
+    buf.add_rollout(rollout([0] * 4, [0] * 4, [0] * 4))
+    buf.update_priorities(np.arange(4), np.array([1.0, 1.0, 1.0, 5.0]))
+    batch = buf.sample(4, beta=1.0)
+    p = np.array([1, 1, 1, 5])[batch.indices] / 8.0
+    expected = (4 * p) ** -1.0
+    np.testing.assert_allclose(batch.weights.numpy(), expected / expected.max(), rtol=1e-6)
+    assert buf.max_priority == 5.0
+
+
+def test_rate_limiter_blocks_and_unblocks():
+    lim = RateLimiter(samples_per_insert=4, min_size_to_sample=10, error_buffer=4)
+    lim.inserts = 9
+    assert not lim.can_sample(1)  # below the minimum size
+    lim.inserts = 10
+    assert lim.can_sample(4) and not lim.can_sample(5)  # only the error buffer's worth yet
+    lim.samples = 4
+    assert not lim.can_sample(1) and lim.can_insert(2) and not lim.can_insert(3)
+    lim.inserts += 1  # one insert buys samples_per_insert samples
+    assert lim.can_sample(4) and not lim.can_sample(5)
+    assert RateLimiter(None, 1, 0).can_insert(10**9)
+
+
+def test_replay_state_round_trip():
+    buf = ReplayBuffer(16, 1, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=3)
+    buf.add_rollout(rollout([1, 2, 3, 4, 5], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]))
+    buf.update_priorities(np.arange(len(buf)), np.arange(len(buf), dtype=float) + 1)
+    copy = ReplayBuffer(16, 1, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=99)
+    copy.set_state(buf.get_state())
+    a, b = buf.sample(8), copy.sample(8)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.weights.numpy(), b.weights.numpy())
+    buf.add_rollout(rollout([6], [0], [0]))
+    copy.add_rollout(rollout([6], [0], [0]))  # the pending step carried over completes the same way
+    assert stored(buf) == stored(copy)
