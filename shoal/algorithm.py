@@ -21,6 +21,7 @@ from shoal.config import merge, to_dict
 from shoal.envs import describe_space, env_spaces, space_from_description
 from shoal.errors import ShoalError
 from shoal.evaluator import Evaluator
+from shoal.learner import UpdateResult
 from shoal.policy import Policy, set_weights
 from shoal.runner import EnvRunner
 
@@ -38,12 +39,16 @@ class Algorithm:
         # the driver, before any backend starts (on Ray it would fail inside an actor).
         self.spec.make_policy(config, self.obs_space, self.action_space)
         self.backend = make_backend(config)
+        self.apex = bool(getattr(config, "apex", False))
         try:
             self.store = self.backend.weight_store()
+            shards = self._replay_shards() if self.apex else None
+            extra = {"replay_shards": shards} if shards else {}
             self.learner = self.backend.make(self.spec.learner_cls, config, self.obs_space,
-                                             self.action_space, self.store, name="learner")
-            self.runners = [self.backend.make(EnvRunner, config, i, self.store, name=f"runner-{i}",
-                                              num_cpus=self.backend.runner_cpus())
+                                             self.action_space, self.store, name="learner", **extra)
+            self.runners = [self.backend.make(EnvRunner, config, i, self.store, "default",
+                                              shards[i % len(shards)] if shards else None,
+                                              name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
                             for i in range(config.num_env_runners)]
             self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
             self.backend.get(self.learner.call("publish"))
@@ -58,13 +63,31 @@ class Algorithm:
         self.wall_offset_s = 0.0  # wall time of earlier sessions of this run (resume)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.recent_lengths: deque[int] = deque(maxlen=100)
+        self.inflight: dict[int, Any] = {}  # Ape-X on Ray: each runner's running sample call
+        self.learner_future: Any = None
+
+    def _replay_shards(self) -> list[Any]:
+        from shoal.offpolicy import replay_args
+        from shoal.replay import ReplayBuffer
+
+        n = self.config.num_replay_shards
+        args, kwargs = replay_args(self.config, self.obs_space, self.action_space, n)
+        return [self.backend.make(ReplayBuffer, *args, name=f"replay-{i}", **{**kwargs, "seed": kwargs["seed"] + i})
+                for i in range(n)]
 
     # -- the loop -------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
-        """One iteration: every runner samples, the learner updates and publishes."""
+        """One iteration: every runner samples, the learner updates and publishes.
+
+        In Ape-X mode on Ray it is asynchronous instead: runners keep sampling into the replay
+        shards, and an iteration ends when the learner finishes a call of updates_per_call updates.
+        """
         start = time.perf_counter()
-        rollouts = [r.call("sample", self.config.rollout_steps) for r in self.runners]
-        result = self.backend.get(self.learner.call("update", *rollouts))
+        if self.apex and self.backend.name == "ray":
+            result = self._train_async()
+        else:
+            rollouts = [r.call("sample", self.config.rollout_steps) for r in self.runners]
+            result = self.backend.get(self.learner.call("update", *rollouts))
         seconds = time.perf_counter() - start
         self.iteration += 1
         self.env_steps += result.env_steps
@@ -83,6 +106,32 @@ class Algorithm:
             metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
         metrics.update(result.metrics)
         return metrics
+
+    def _train_async(self) -> UpdateResult:
+        """Ape-X: keep every runner sampling into replay; return when the learner's call ends."""
+        c, get = self.config, self.backend.get
+        for i, runner in enumerate(self.runners):
+            if i not in self.inflight:
+                self.inflight[i] = runner.call("sample_into_replay", c.rollout_steps)
+        if self.learner_future is None:
+            self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps)
+        steps, returns, lengths, lags = 0, [], [], []
+        while True:
+            ids = list(self.inflight)
+            k = self.backend.wait_any([self.inflight[i] for i in ids] + [self.learner_future])
+            if k < len(ids):  # a runner finished a rollout: count it and send it off again
+                summary = get(self.inflight[ids[k]])
+                steps += summary.env_steps
+                returns += summary.episode_returns
+                lengths += summary.episode_lengths
+                if summary.env_steps:
+                    lags.append(self.policy_version - summary.policy_version)
+                self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.rollout_steps)
+                continue
+            result = get(self.learner_future)
+            self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps)
+            metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
+            return UpdateResult(metrics, result.version, steps, returns, lengths)
 
     def evaluate(self, episodes: int | None = None, deterministic: bool | None = None) -> dict[str, float]:
         """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""

@@ -25,6 +25,11 @@ class LocalHandle:
         """Run ``method`` now; the 'future' is its result."""
         return getattr(self.obj, method)(*args, **kwargs)
 
+    @staticmethod
+    def resolve(future: Any) -> Any:
+        """The value of a future from ``call`` (already computed)."""
+        return future
+
 
 class LocalBackend:
     """Every role a plain object in the driver's process: deterministic, debuggable, no Ray."""
@@ -34,13 +39,17 @@ class LocalBackend:
     def __init__(self, config: Any):
         self.config = config
 
-    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0) -> LocalHandle:
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, **kwargs: Any) -> LocalHandle:
         """Create a role."""
-        return LocalHandle(cls(*args))
+        return LocalHandle(cls(*args, **kwargs))
 
     def get(self, futures: Any) -> Any:
         """Results of futures (already computed)."""
         return futures
+
+    def wait_any(self, futures: list[Any]) -> int:
+        """Index of a finished future: in-process, every future is finished."""
+        return 0
 
     def weight_store(self) -> WeightStore:
         """A store the roles share by reference."""
@@ -63,6 +72,13 @@ class RayHandle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on the actor; returns an ObjectRef."""
         return getattr(self.actor, method).remote(*args, **kwargs)
+
+    @staticmethod
+    def resolve(future: Any) -> Any:
+        """Wait for an ObjectRef from ``call`` (roles use this to wait on each other)."""
+        import ray
+
+        return ray.get(future)
 
 
 class RayWeightStore:
@@ -118,11 +134,11 @@ class RayBackend:
                                  "(start one with `ray start --head`, or drop --address)") from None
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
 
-    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0) -> RayHandle:
-        """Create ``cls(*args)`` as an actor. Helpers take no CPU so they never wait for one."""
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, **kwargs: Any) -> RayHandle:
+        """Create ``cls(*args, **kwargs)`` as an actor. Helpers take no CPU so they never wait for one."""
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None).remote(*args)
+        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None).remote(*args, **kwargs)
         self.actors.append(actor)
         return RayHandle(actor)
 
@@ -131,6 +147,13 @@ class RayBackend:
         import ray
 
         return ray.get(futures)
+
+    def wait_any(self, futures: list[Any]) -> int:
+        """Index of the first of ``futures`` to finish (ray.wait)."""
+        import ray
+
+        ready, _ = ray.wait(futures, num_returns=1)
+        return futures.index(ready[0])
 
     def weight_store(self) -> RayWeightStore:
         """A WeightStore actor and the client every role shares."""

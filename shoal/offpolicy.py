@@ -8,6 +8,7 @@ learner stores them in its ReplayBuffer and makes as many updates as the rate li
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,9 +19,10 @@ from torch import Tensor, nn
 
 from shoal.config import Config, _check
 from shoal.errors import ShoalError
-from shoal.learner import Learner
+from shoal.backends import LocalHandle
+from shoal.learner import Learner, UpdateResult
 from shoal.policy import PolicyModule, mlp
-from shoal.replay import ReplayBuffer, Transitions
+from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
 
@@ -63,6 +65,14 @@ class OffPolicyConfig(Config):
     """Initial importance-sampling exponent, annealed to 1 at total_steps."""
     save_replay: bool = False
     """Keep the replay buffer's contents in checkpoints, so a resume loses no experience."""
+    apex: bool = False
+    """Ape-X (Horgan et al. 2018): runners with a ladder of exploration rates insert into replay
+    shards and keep sampling while the learner trains. Asynchronous on the ray backend; the local
+    backend runs the same roles synchronously."""
+    num_replay_shards: int = 1
+    """Replay shards (actors on the ray backend) in Ape-X mode; runner i inserts into shard i % shards."""
+    updates_per_call: int = 50
+    """Ape-X: gradient updates per learner call before it publishes new weights."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -77,6 +87,9 @@ class OffPolicyConfig(Config):
         _check(0 < self.tau <= 1, "tau must be in (0, 1]")
         _check(0 <= self.priority_alpha <= 1 and 0 <= self.priority_beta <= 1,
                "priority_alpha and priority_beta must be in [0, 1]")
+        _check(self.num_replay_shards >= 1 and self.updates_per_call >= 1,
+               "num_replay_shards and updates_per_call must be at least 1")
+        _check(self.num_replay_shards == 1 or self.apex, "--num-replay-shards needs --apex")
 
 
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
@@ -119,19 +132,35 @@ class ScaledActions(PolicyModule):
         return torch.rand((n, self.action_dim), generator=generator) * 2 - 1
 
 
-class OffPolicyLearner(Learner):
-    """Stores rollouts in a ReplayBuffer and runs the updates the rate limiter allows."""
+def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym.Space,
+                shards: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments of one ReplayBuffer shard (capacity split between shards)."""
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    args = (config.buffer_size // shards, int(np.prod(obs_space.shape)),
+            () if discrete else (int(np.prod(action_space.shape)),), np.int64 if discrete else np.float32)
+    spi = config.updates_per_step * config.batch_size
+    # Synchronously, one batch of slack gives exactly updates_per_step. Ape-X runners are held
+    # back by the same limiter, and may run about two rollouts ahead of the learner each.
+    slack = spi * config.rollout_steps * config.num_envs_per_runner * 2 if config.apex else config.batch_size
+    kwargs = dict(gamma=config.gamma, n_step=config.n_step, prioritized=config.prioritized,
+                  alpha=config.priority_alpha, samples_per_insert=spi,
+                  min_size_to_sample=max(config.learning_starts // shards, config.batch_size),
+                  error_buffer=slack, seed=config.seed)
+    return args, kwargs
 
-    def __init__(self, config: OffPolicyConfig, obs_space, action_space, store, policy_id: str = "default"):
+
+class OffPolicyLearner(Learner):
+    """Learns from replay: its own buffer, or the Ape-X replay shards it is given."""
+
+    def __init__(self, config: OffPolicyConfig, obs_space, action_space, store, policy_id: str = "default",
+                 replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id)
-        discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.replay = ReplayBuffer(
-            config.buffer_size, int(np.prod(obs_space.shape)), () if discrete else (int(np.prod(action_space.shape)),),
-            np.int64 if discrete else np.float32, gamma=config.gamma, n_step=config.n_step,
-            prioritized=config.prioritized, alpha=config.priority_alpha,
-            samples_per_insert=config.updates_per_step * config.batch_size,
-            min_size_to_sample=max(config.learning_starts, config.batch_size),
-            error_buffer=config.batch_size, seed=config.seed)
+        if replay_shards is None:
+            args, kwargs = replay_args(config, obs_space, action_space)
+            replay_shards = [LocalHandle(ReplayBuffer(*args, **kwargs))]
+        # Ape-X fetches 8 batches per call to a remote shard; synchronous runs one, so that every
+        # batch is drawn after the previous priority update, as in the paper's PER.
+        self.replay = ShardedReplay(replay_shards, prefetch=8 if config.apex else 1)
         self.updates = 0
 
     def train_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
@@ -142,25 +171,41 @@ class OffPolicyLearner(Learner):
         """Set the policy's exploration buffers for the coming rollouts."""
         self.policy.random_actions.fill_(env_steps < self.config.learning_starts)
 
-    def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+    def _train(self, env_steps: int, max_updates: int | None) -> dict[str, float]:
+        """Update while the replay's rate limiter allows (at most ``max_updates`` times)."""
         c = self.config
-        for r in rollouts:
-            self.replay.add_rollout(r)
-        env_steps = self.env_steps + sum(r.env_steps for r in rollouts)
         beta = c.priority_beta + (1.0 - c.priority_beta) * min(1.0, env_steps / c.total_steps)
         stats: list[dict[str, Tensor]] = []
-        while self.replay.can_sample(c.batch_size):
-            batch = self.replay.sample(c.batch_size, beta)
+        while max_updates is None or len(stats) < max_updates:
+            got = self.replay.sample(c.batch_size, beta)
+            if got is None:
+                break
+            shard, batch = got
             metrics, td = self.train_batch(batch)
             if td is not None:
-                self.replay.update_priorities(batch.indices, td.numpy())
+                self.replay.update_priorities(shard, batch.indices, td.numpy())
             self.updates += 1
             stats.append(metrics)
         self.set_exploration(env_steps)
-        out = {"replay/size": float(len(self.replay)), "learner/updates": float(self.updates)}
+        out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats))}
         if stats:
             out.update({k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]})
         return out
+
+    def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+        for r in rollouts:
+            self.replay.add_rollout(r)
+        return self._train(self.env_steps + sum(r.env_steps for r in rollouts), None)
+
+    def train_for(self, max_updates: int, env_steps: int) -> UpdateResult:
+        """Ape-X's learner step: up to ``max_updates`` updates from the shards, then publish."""
+        self.env_steps = env_steps
+        metrics = self._train(env_steps, max_updates)
+        if metrics["learner/updates_this_call"] == 0:
+            time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them
+        self.version += 1
+        self.publish()
+        return UpdateResult(metrics, self.version, 0, [], [])
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
@@ -173,7 +218,7 @@ class OffPolicyLearner(Learner):
         if state.get("replay") is not None:
             self.replay.set_state(state["replay"])
         else:  # without the replay contents, learning waits for the buffer to refill
-            self.replay.limiter.inserts = self.replay.limiter.samples = 0
+            self.replay.forget_counts()
         super().set_state(state)  # the exploration buffers come back with the policy weights
 
 

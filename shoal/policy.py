@@ -107,6 +107,9 @@ class PolicyModule(nn.Module):
         """Evaluation/deployment actions for network inputs ``x``."""
         raise NotImplementedError
 
+    def apply_ladder(self, index: int, count: int) -> None:
+        """Set this copy's exploration for runner ``index`` of ``count`` (Ape-X); default: unchanged."""
+
     def to_env(self, actions: Tensor) -> np.ndarray:
         """Actions as the env takes them (continuous ones clipped to the bounds)."""
         a = actions.numpy()

@@ -117,6 +117,10 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
+    def stored(self) -> int:
+        """Transitions held (a method, so remote shards can be asked)."""
+        return self.size
+
     # -- inserting -------------------------------------------------------------------------
     def add_rollout(self, r: Rollout) -> int:
         """Turn a rollout into n-step transitions and store them; returns how many were stored."""
@@ -188,6 +192,17 @@ class ReplayBuffer:
         return Transitions(t(self.obs[idx]), t(self.actions[idx]), t(self.rewards[idx]), t(self.next_obs[idx]),
                            t(self.discounts[idx]), t(weights), idx)
 
+    def can_insert(self, n: int) -> bool:
+        """Whether the rate limiter lets writers add ``n`` more transitions now."""
+        return self.limiter.can_insert(n)
+
+    def sample_ready(self, batch_size: int, beta: float = 0.4, count: int = 1) -> list[Transitions]:
+        """Up to ``count`` batches that the rate limiter allows now (one call for remote shards)."""
+        out = []
+        while len(out) < count and self.can_sample(batch_size):
+            out.append(self.sample(batch_size, beta))
+        return out
+
     def update_priorities(self, idx: np.ndarray, td_errors: np.ndarray) -> None:
         """New priorities |TD error| + eps for sampled slots."""
         if self.tree is None:
@@ -206,6 +221,10 @@ class ReplayBuffer:
                 "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
                 "rng": self.rng.bit_generator.state, "pending": {k: list(v) for k, v in self.pending.items()}}
 
+    def reset_limiter(self) -> None:
+        """Start the rate limiter's counts again (the contents were not restored)."""
+        self.limiter.inserts = self.limiter.samples = 0
+
     def set_state(self, s: dict[str, Any]) -> None:
         """Restore :meth:`get_state`."""
         n = s["size"]
@@ -217,3 +236,49 @@ class ReplayBuffer:
         self.limiter.inserts, self.limiter.samples = s["inserts"], s["samples"]
         self.rng.bit_generator.state = s["rng"]
         self.pending = {k: deque(v) for k, v in s["pending"].items()}
+
+
+class ShardedReplay:
+    """The learner's view of one or more replay shards, each a role on any backend.
+
+    Rollouts go to shard ``runner_id % shards``; batches come round-robin from shards whose rate
+    limiter allows them, ``prefetch`` at a time (one remote call fetches several); priority
+    updates are sent without waiting (a shard runs its calls in the order they were made).
+    """
+
+    def __init__(self, shards: list[Any], prefetch: int = 1):
+        self.shards, self.prefetch = shards, prefetch
+        self.turn = 0
+        self.ready: deque[tuple[int, Transitions]] = deque()
+
+    def add_rollout(self, r: Rollout) -> int:
+        shard = self.shards[r.runner_id % len(self.shards)]
+        return shard.resolve(shard.call("add_rollout", r))
+
+    def sample(self, batch_size: int, beta: float) -> tuple[int, Transitions] | None:
+        """(shard index, batch) from the next shard that can give one, or None if none can."""
+        for _ in range(len(self.shards)):
+            if self.ready:
+                break
+            i, self.turn = self.turn, (self.turn + 1) % len(self.shards)
+            shard = self.shards[i]
+            self.ready.extend((i, b) for b in shard.resolve(shard.call("sample_ready", batch_size, beta, self.prefetch)))
+        return self.ready.popleft() if self.ready else None
+
+    def update_priorities(self, shard: int, idx: np.ndarray, td_errors: np.ndarray) -> None:
+        self.shards[shard].call("update_priorities", idx, td_errors)
+
+    def __len__(self) -> int:
+        return sum(s.resolve(s.call("stored")) for s in self.shards)
+
+    def get_state(self) -> list[dict[str, Any]]:
+        return [s.resolve(s.call("get_state")) for s in self.shards]
+
+    def set_state(self, states: list[dict[str, Any]]) -> None:
+        for s, state in zip(self.shards, states):
+            s.resolve(s.call("set_state", state))
+
+    def forget_counts(self) -> None:
+        """After a resume without replay contents: wait for min_size_to_sample new inserts."""
+        for s in self.shards:
+            s.resolve(s.call("reset_limiter"))

@@ -6,7 +6,9 @@ it pulls newer weights once per rollout and hands back a typed batch.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import cloudpickle
 import numpy as np
@@ -41,15 +43,25 @@ class Rollout:
         return self.rewards.size
 
 
+class RolloutSummary(NamedTuple):
+    """What a runner reports after inserting a rollout into replay itself (Ape-X)."""
+
+    env_steps: int
+    episode_returns: list[float]
+    episode_lengths: list[int]
+    policy_version: int
+
+
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
-    def __init__(self, config, runner_id: int, store, policy_id: str = "default"):
+    def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None):
         from shoal.algos import spec_for
         from shoal.envs import make_vector_env
 
         torch.set_num_threads(config.torch_threads)
         self.config, self.runner_id, self.store, self.policy_id = config, runner_id, store, policy_id
+        self.replay = replay  # Ape-X: the replay shard this runner inserts into
         self.env = make_vector_env(config.env, config.num_envs_per_runner)
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
@@ -67,6 +79,8 @@ class EnvRunner:
         if got is not None:
             self.version, weights = got
             set_weights(self.policy, weights)
+            if getattr(self.config, "apex", False):  # each runner explores at its own rate
+                self.policy.apply_ladder(self.runner_id, self.config.num_env_runners)
         return self.version
 
     @torch.no_grad()
@@ -121,6 +135,23 @@ class EnvRunner:
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths,
         )
+
+    def sample_into_replay(self, num_steps: int, max_wait_s: float = 0.05) -> RolloutSummary:
+        """Ape-X: sample a rollout and insert it into this runner's replay shard directly, once the
+        shard's rate limiter lets writers in (so runners cannot outrun the learner).
+
+        Waits at most ``max_wait_s`` and then returns an empty summary, to be called again: a call
+        that blocked until the learner catches up could deadlock with a driver that is waiting
+        on this runner (a checkpoint asks for its state) while the learner waits on the driver.
+        """
+        deadline = time.monotonic() + max_wait_s
+        while not self.replay.resolve(self.replay.call("can_insert", num_steps * self.env.num_envs)):
+            if time.monotonic() > deadline:
+                return RolloutSummary(0, [], [], self.version)
+            time.sleep(0.002)
+        r = self.sample(num_steps)
+        self.replay.resolve(self.replay.call("add_rollout", r))
+        return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version)
 
     def get_state(self) -> bytes:
         """Everything needed to continue exactly: envs mid-episode, RNG, episode accumulators."""

@@ -102,9 +102,14 @@ def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
             algo.restore(path)
 
 
+def _default_sigint() -> None:
+    # pytest-xdist workers ignore SIGINT and children inherit that; a user's shell does not.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _shoal(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", "shoal.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kw)
 
 
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):

@@ -79,3 +79,17 @@ def test_resume_with_saved_replay_continues_exactly(tmp_path, cls, env, extra):
     assert resumed["updates"] == full["updates"] > 0
     for k, v in full["weights"].items():
         np.testing.assert_array_equal(v, resumed["weights"][k], err_msg=k)
+
+
+def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
+    config = DQNConfig(env="CartPole-v1", apex=True, num_env_runners=3, num_replay_shards=3, learning_starts=64,
+                       batch_size=32, rollout_steps=16, hidden_sizes=(16,), torch_threads=1, progress=False,
+                       tensorboard=False)
+    with shoal.make(config) as algo:  # the local backend runs Ape-X's roles synchronously
+        for _ in range(4):
+            metrics = algo.train()
+        eps = [float(r.obj.policy.epsilon) for r in algo.runners]
+        assert eps == pytest.approx([0.4, 0.4 ** 4.5, 0.4 ** 8])
+        shards = algo.learner.obj.replay.shards
+        assert [s.obj.stored() for s in shards] == [64, 64, 64]  # runner i -> shard i
+        assert metrics["learner/updates"] > 0

@@ -51,3 +51,17 @@ def test_ppo_solves_cartpole_on_ray_with_two_runners(ray_cluster, tmp_path):
     with shoal.load(summary["checkpoint"], backend="ray") as algo:  # a ray checkpoint restores on ray
         assert algo.env_steps == summary["env_steps"]
         assert algo.evaluate(episodes=3)["eval/policy_version"] == algo.policy_version
+
+
+def test_apex_dqn_solves_cartpole_with_two_runners(ray_cluster, tmp_path):
+    """Ape-X: runners keep sampling into 2 replay shards while the learner trains from them."""
+    from shoal.algos.dqn import DQNConfig
+
+    config = build(DQNConfig, "dqn", env="CartPole-v1",
+                   sets={"backend": "ray", "apex": True, "num_env_runners": 2, "num_replay_shards": 2,
+                         "prioritized": True, "rollout_steps": 64, "torch_threads": 1, "seed": 0,
+                         "total_steps": 100_000, "stop_return": 475, "progress": False, "tensorboard": False})
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+    rows = (tmp_path / "progress.csv").read_text().splitlines()
+    assert "learner/policy_lag_mean" in rows[0]

@@ -75,6 +75,7 @@ class QNetwork(PolicyModule):
         else:
             self.q = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
         self.register_buffer("epsilon", torch.tensor(1.0))
+        self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
     def forward(self, x: Tensor) -> Tensor:  # [N, actions]
         if not self.dueling:
@@ -82,6 +83,11 @@ class QNetwork(PolicyModule):
         h = self.trunk(x)
         adv = self.advantage_head(h)
         return self.value_head(h) + adv - adv.mean(dim=-1, keepdim=True)  # Wang et al. eq. 9
+
+    def apply_ladder(self, index: int, count: int) -> None:
+        """Ape-X's fixed per-actor rates: eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Horgan et al. 2018, Sec. 4.1)."""
+        if not bool(self.random_actions):
+            self.epsilon.fill_(0.4 ** (1 + 7 * index / max(1, count - 1)))
 
     def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
         greedy = self(x).argmax(-1)
@@ -114,13 +120,15 @@ def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
 class DQNLearner(OffPolicyLearner):
     """Huber TD loss on (prioritised) replay, with a hard or Polyak target network."""
 
-    def __init__(self, config: DQNConfig, obs_space, action_space, store, policy_id: str = "default"):
-        super().__init__(config, obs_space, action_space, store, policy_id)
+    def __init__(self, config: DQNConfig, obs_space, action_space, store, policy_id: str = "default",
+                 replay_shards: list[Any] | None = None):
+        super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.target = target_copy(self.policy)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
         self.set_exploration(0)
 
     def set_exploration(self, env_steps: int) -> None:
+        super().set_exploration(env_steps)
         c = self.config
         self.policy.epsilon.fill_(1.0 if env_steps < c.learning_starts else c.epsilon(env_steps))
 

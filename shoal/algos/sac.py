@@ -81,8 +81,9 @@ def make_policy(config: SACConfig, obs_space, action_space) -> SquashedGaussianA
 class SACLearner(OffPolicyLearner):
     """Soft Q-targets with twin critics, reparameterised actor loss, temperature tuning."""
 
-    def __init__(self, config: SACConfig, obs_space, action_space, store, policy_id: str = "default"):
-        super().__init__(config, obs_space, action_space, store, policy_id)
+    def __init__(self, config: SACConfig, obs_space, action_space, store, policy_id: str = "default",
+                 replay_shards: list[Any] | None = None):
+        super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
         self.critics = nn.ModuleList([QCritic(*dims), QCritic(*dims)])
         self.target_critics = target_copy(self.critics)

@@ -59,6 +59,11 @@ class DeterministicActor(ScaledActions):
     def forward(self, x: Tensor) -> Tensor:  # [N, act_dim]
         return torch.tanh(self.net(x))
 
+    def apply_ladder(self, index: int, count: int) -> None:
+        """Ape-X: runner noise spread geometrically from half to twice the configured std."""
+        base = float(self.noise_std)
+        self.noise_std.fill_(base * 4 ** (index / max(1, count - 1) - 0.5))
+
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         if self.random_actions:
             return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
@@ -78,8 +83,9 @@ def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActo
 class TD3Learner(OffPolicyLearner):
     """Critic regression to clipped double-Q targets every update; actor and targets every policy_delay."""
 
-    def __init__(self, config: TD3Config, obs_space, action_space, store, policy_id: str = "default"):
-        super().__init__(config, obs_space, action_space, store, policy_id)
+    def __init__(self, config: TD3Config, obs_space, action_space, store, policy_id: str = "default",
+                 replay_shards: list[Any] | None = None):
+        super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
         self.critics = nn.ModuleList([QCritic(*dims) for _ in range(2 if config.twin_critics else 1)])
         self.target_critics = target_copy(self.critics)

@@ -1,0 +1,128 @@
+"""Off-policy speed against stable-baselines3, as ratios measured in one run.
+
+1. SAC gradient updates per second, same networks (256x256), batch 256, same torch threads.
+2. SAC time to a mean eval return of -200 on Pendulum-v1 (rl-zoo settings: lr 1e-3).
+3. DQN time to a mean eval return of 475 on CartPole-v1 (rl-zoo settings, shoal's preset).
+
+Evaluation is the same for both: every --eval-every steps, 10 deterministic episodes on a
+10-env vector env; time runs from building the algorithm to the end of the evaluation that
+reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns).
+
+    .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import machine, median, save
+
+
+def shoal_updates_per_s(threads: int, n: int = 300) -> float:
+    from shoal.algos.sac import SACConfig, SACLearner
+    from shoal.envs import env_spaces
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    config = SACConfig(env="Pendulum-v1", torch_threads=threads, learning_starts=0)
+    store = WeightStore()
+    learner = SACLearner(config, *env_spaces("Pendulum-v1"), store)
+    learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))
+    batch = learner.replay.sample(256, 0.4)[1]
+    for _ in range(20):
+        learner.train_batch(batch)
+    start = time.perf_counter()
+    for _ in range(n):
+        learner.train_batch(learner.replay.sample(256, 0.4)[1])
+    return n / (time.perf_counter() - start)
+
+
+def sb3_updates_per_s(threads: int, n: int = 300) -> float:
+    from stable_baselines3 import SAC
+
+    torch.set_num_threads(threads)
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=0, device="cpu",
+                policy_kwargs={"net_arch": [256, 256]})
+    model.learn(2000)  # fills the buffer (and trains as it goes)
+    model.train(gradient_steps=20, batch_size=256)
+    start = time.perf_counter()
+    model.train(gradient_steps=n, batch_size=256)
+    return n / (time.perf_counter() - start)
+
+
+def shoal_time_to(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int) -> tuple[float, int]:
+    import shoal
+    from shoal.algos import get
+    from shoal.config import build
+
+    config = build(get(algo).config_cls, algo, env=env, sets={
+        "seed": seed, "stop_return": target, "eval_interval": eval_every, "eval_episodes": 10,
+        "progress": False, "tensorboard": False, "torch_threads": threads})
+    with tempfile.TemporaryDirectory() as d:
+        summary = shoal.train(config, run_dir=d)
+        if not summary["solved"]:
+            return float("nan"), summary["env_steps"]
+        with open(Path(d) / "eval.csv", newline="") as f:
+            row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= target)
+        return float(row["time/wall_s"]), int(row["env_steps"])
+
+
+def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int) -> tuple[float, int]:
+    from stable_baselines3 import DQN, SAC
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
+
+    start = time.perf_counter()
+    eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
+    stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)
+    callback = EvalCallback(eval_env, callback_on_new_best=stop, eval_freq=eval_every, n_eval_episodes=10,
+                            deterministic=True, verbose=0)
+    if algo == "sac":
+        model = SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")
+    else:  # rl-zoo's CartPole-v1 DQN
+        model = DQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                    learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                    exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                    seed=seed, device="cpu")
+    model.learn(budget, callback=callback)
+    solved = callback.best_mean_reward >= target
+    return (time.perf_counter() - start if solved else float("nan")), model.num_timesteps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result: dict = {"threads": args.threads}
+    ours, theirs = np.median([shoal_updates_per_s(args.threads) for _ in range(3)]), \
+        np.median([sb3_updates_per_s(args.threads) for _ in range(3)])
+    print(f"machine: {machine()}; torch threads: {args.threads}")
+    print(f"SAC updates/s (256x256, batch 256): shoal {ours:.0f}, SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2)")
+    result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs}
+    for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
+                                             ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
+        rows = []
+        for seed in args.seeds:
+            s_t, s_n = shoal_time_to(algo, env, target, seed, every, args.threads)
+            b_t, b_n = sb3_time_to(algo, env, target, seed, every, budget)
+            rows.append((s_t, s_n, b_t, b_n))
+            print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
+                  flush=True)
+        s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
+        print(f"{algo}: median time to {target:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f} "
+              f"(target <= 0.5)")
+        result[f"{algo}_time_to_target"] = {"rows": rows, "ratio": s_med / b_med}
+    save("offpolicy_vs_sb3", result)
+
+
+if __name__ == "__main__":
+    main()
