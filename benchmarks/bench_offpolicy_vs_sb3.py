@@ -8,7 +8,7 @@ Evaluation is the same for both: every --eval-every steps, 10 deterministic epis
 10-env vector env; time runs from building the algorithm to the end of the evaluation that
 reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
-    .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2]
+    .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--only-updates]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (1 minute)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads}
@@ -108,6 +109,9 @@ def main() -> None:
     print(f"machine: {machine()}; torch threads: {args.threads}")
     print(f"SAC updates/s (256x256, batch 256): shoal {ours:.0f}, SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2)")
     result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs}
+    if args.only_updates:
+        save("offpolicy_updates", result)
+        return
     for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
         rows = []

@@ -107,11 +107,13 @@ class SACLearner(OffPolicyLearner):
         self.critic_optimizer.step()
 
         a, logp = self.policy.sample(b.obs, self.generator)  # reparameterised (eq. 7)
+        self.critics.requires_grad_(False)  # the actor loss needs dQ/da, not the critics' weight gradients
         q_pi = torch.min(*(q(b.obs, a) for q in self.critics))
         actor_loss = (alpha * logp - q_pi).mean()
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_optimizer.step()
+        self.critics.requires_grad_(True)
 
         metrics = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(),
                    "learner/alpha": alpha, "learner/entropy": -logp.detach().mean()}

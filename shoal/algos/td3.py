@@ -111,10 +111,12 @@ class TD3Learner(OffPolicyLearner):
         self.critic_optimizer.step()
         metrics = {"loss/critic": critic_loss.detach(), "learner/q_mean": qs[0].detach().mean()}
         if (self.updates + 1) % c.policy_delay == 0:  # delayed actor and target updates (Sec. 5.2)
+            self.critics.requires_grad_(False)  # dQ/da only: skip the critics' weight gradients
             actor_loss = -self.critics[0](b.obs, self.policy(b.obs)).mean()
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()
+            self.critics.requires_grad_(True)
             polyak(self.target_critics, self.critics, c.tau)
             polyak(self.target_actor, self.policy, c.tau)
             self.last_actor_loss = actor_loss.detach()
