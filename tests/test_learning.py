@@ -1,6 +1,7 @@
 """Learning: PPO reaches a stated return on a real env within a stated step budget.
 
-These are the issue's targets, run as they are (no lowered thresholds). Each takes 10-30 s here.
+These are the issue's targets, run as they are (no lowered thresholds): 10-60 s each here.
+Off-policy seeds 1 and 2 are marked slow (`make test-slow`); CI runs seed 0 of each.
 """
 
 import pytest
@@ -38,17 +39,22 @@ def offpolicy(algo, env, **sets):
                  sets={"progress": False, "tensorboard": False, "torch_threads": 1, **sets})
 
 
-def test_dqn_solves_cartpole_within_100k_steps(tmp_path):
-    config = offpolicy("dqn", "CartPole-v1", seed=0, stop_return=475)
+SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dqn_solves_cartpole_within_100k_steps(seed, tmp_path):
+    config = offpolicy("dqn", "CartPole-v1", seed=seed, stop_return=475)
     assert config.total_steps <= 100_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("algo, threshold, budget", [("sac", -200, 20_000), ("td3", -200, 30_000),
                                                      ("ddpg", -250, 30_000)])
-def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budget, tmp_path):
-    config = offpolicy(algo, "Pendulum-v1", seed=0, stop_return=threshold)
+def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budget, seed, tmp_path):
+    config = offpolicy(algo, "Pendulum-v1", seed=seed, stop_return=threshold)
     assert config.total_steps <= budget
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= threshold, summary
