@@ -92,17 +92,20 @@ class RayWeightStore:
         self.actor = actor
 
     def publish(self, policy_id: str, version: int, weights: Any) -> int:
+        """Put the weights in the object store once and hand the store their reference."""
         import ray
 
         return ray.get(self.actor.publish.remote(policy_id, version, [ray.put(weights)]))
 
     def latest(self, policy_id: str, newer_than: int = -1) -> tuple[int, Any] | None:
+        """The newest (version, weights) if newer than ``newer_than``; weights read zero-copy."""
         import ray
 
         got = ray.get(self.actor.latest.remote(policy_id, newer_than))
         return None if got is None else (got[0], ray.get(got[1][0]))
 
     def version(self, policy_id: str) -> int:
+        """Newest version held (-1 if none)."""
         import ray
 
         return ray.get(self.actor.version.remote(policy_id))

@@ -41,9 +41,11 @@ class SumTree:
 
     @property
     def total(self) -> float:
+        """Sum of all priorities."""
         return float(self.tree[1])
 
     def get(self, idx: np.ndarray) -> np.ndarray:
+        """Priorities of leaves ``idx``."""
         return self.tree[idx + self.leaves]
 
     def update(self, idx: np.ndarray, priorities: np.ndarray) -> None:
@@ -83,11 +85,13 @@ class RateLimiter:
         return self.inserts * self.spi - self.samples
 
     def can_sample(self, n: int) -> bool:
+        """Whether drawing ``n`` more items keeps the ratio within the error buffer."""
         if self.inserts < self.min_size:
             return False
         return self.spi is None or self._diff() - n >= self.spi * self.min_size - self.error_buffer
 
     def can_insert(self, n: int) -> bool:
+        """Whether adding ``n`` more items keeps the ratio within the error buffer."""
         return self.spi is None or self._diff() + n * self.spi <= self.spi * self.min_size + self.error_buffer
 
 
@@ -252,6 +256,7 @@ class ShardedReplay:
         self.ready: deque[tuple[int, Transitions]] = deque()
 
     def add_rollout(self, r: Rollout) -> int:
+        """Store a rollout in its runner's shard; returns the transitions stored."""
         shard = self.shards[r.runner_id % len(self.shards)]
         return shard.resolve(shard.call("add_rollout", r))
 
@@ -266,15 +271,18 @@ class ShardedReplay:
         return self.ready.popleft() if self.ready else None
 
     def update_priorities(self, shard: int, idx: np.ndarray, td_errors: np.ndarray) -> None:
+        """Send new priorities to the shard a batch came from (without waiting)."""
         self.shards[shard].call("update_priorities", idx, td_errors)
 
     def __len__(self) -> int:
         return sum(s.resolve(s.call("stored")) for s in self.shards)
 
     def get_state(self) -> list[dict[str, Any]]:
+        """Every shard's state, for checkpoints."""
         return [s.resolve(s.call("get_state")) for s in self.shards]
 
     def set_state(self, states: list[dict[str, Any]]) -> None:
+        """Restore :meth:`get_state`."""
         for s, state in zip(self.shards, states):
             s.resolve(s.call("set_state", state))
 
