@@ -2,12 +2,10 @@
 a resumed run ends where an uninterrupted one does; checkpoint writes are atomic."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

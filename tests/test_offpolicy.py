@@ -9,7 +9,7 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 import shoal
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SquashedGaussianActor
-from shoal.algos.td3 import DeterministicActor, TD3Config
+from shoal.algos.td3 import DeterministicActor
 
 BOX = gym.spaces.Box(-1, 1, (3,))
 
