@@ -21,11 +21,11 @@ from common import machine, save
 
 def bare_loop(config, steps: int) -> float:
     """The limit: step the vector env with the policy's actions, nothing else."""
-    from shoal.algos.ppo import make_policy
+    from shoal.onpolicy import make_actor_critic
     from shoal.envs import make_vector_env
 
     env = make_vector_env(config.env, config.num_envs_per_runner)
-    module = make_policy(config, env.single_observation_space, env.single_action_space)
+    module = make_actor_critic(config, env.single_observation_space, env.single_action_space)
     generator = torch.Generator().manual_seed(0)
     obs, _ = env.reset(seed=0)
     n = steps // env.num_envs

@@ -24,6 +24,9 @@ _EXPORTS = {
     "load_policy": "shoal.algorithm", "ALGOS": "shoal.algos", "PPOConfig": "shoal.algos.ppo",
     "Config": "shoal.config", "ConfigError": "shoal.errors", "ShoalError": "shoal.errors",
     "Policy": "shoal.policy", "train": "shoal.trainer", "resume": "shoal.trainer",
+    "A2CConfig": "shoal.algos.a2c", "TRPOConfig": "shoal.algos.trpo", "IMPALAConfig": "shoal.algos.impala",
+    "APPOConfig": "shoal.algos.appo", "DQNConfig": "shoal.algos.dqn", "DDPGConfig": "shoal.algos.ddpg",
+    "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

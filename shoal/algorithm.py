@@ -63,8 +63,11 @@ class Algorithm:
         self.wall_offset_s = 0.0  # wall time of earlier sessions of this run (resume)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.recent_lengths: deque[int] = deque(maxlen=100)
-        self.inflight: dict[int, Any] = {}  # Ape-X on Ray: each runner's running sample call
+        self.inflight: dict[int, Any] = {}  # asynchronous loops on Ray: each runner's running sample call
         self.learner_future: Any = None
+        self.queue: deque[Any] = deque()  # IMPALA/APPO on Ray: finished rollouts (ObjectRefs) for the learner
+        self.held: deque[tuple[int, Any]] = deque()  # finished while the queue was full: runner waits
+        self.queue_depths: list[int] = []  # queue length each time the learner took a batch
 
     def _replay_shards(self) -> list[Any]:
         from shoal.offpolicy import replay_args
@@ -83,8 +86,10 @@ class Algorithm:
         shards, and an iteration ends when the learner finishes a call of updates_per_call updates.
         """
         start = time.perf_counter()
-        if self.apex and self.backend.name == "ray":
-            result = self._train_async()
+        if self.apex:
+            result = self._train_async() if self.backend.name == "ray" else self._train_apex_in_process()
+        elif self.spec.loop == "async" and self.backend.name == "ray":
+            result = self._train_queued()
         else:
             rollouts = [r.call("sample", self.config.rollout_steps) for r in self.runners]
             result = self.backend.get(self.learner.call("update", *rollouts))
@@ -106,6 +111,17 @@ class Algorithm:
             metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
         metrics.update(result.metrics)
         return metrics
+
+    def _train_apex_in_process(self) -> UpdateResult:
+        """Ape-X's roles, one after another: each runner inserts a rollout (when the rate limiter
+        lets it), then the learner updates while the limiter allows and publishes."""
+        c, get = self.config, self.backend.get
+        summaries = get([r.call("sample_into_replay", c.rollout_steps, 0.0) for r in self.runners])
+        steps = sum(s.env_steps for s in summaries)
+        result = get(self.learner.call("train_for", None, self.env_steps + steps))
+        return UpdateResult(result.metrics, result.version, steps,
+                            [x for s in summaries for x in s.episode_returns],
+                            [x for s in summaries for x in s.episode_lengths])
 
     def _train_async(self) -> UpdateResult:
         """Ape-X: keep every runner sampling into replay; return when the learner's call ends."""
@@ -132,6 +148,52 @@ class Algorithm:
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps)
             metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
             return UpdateResult(metrics, result.version, steps, returns, lengths)
+
+    def _train_queued(self) -> UpdateResult:
+        """IMPALA/APPO on Ray: runners sample back to back with the weights they hold; each
+        finished rollout joins a bounded queue (as an ObjectRef: the data goes from runner to
+        learner through the object store, not through the driver) and the learner takes up to
+        ``batch_rollouts`` of them per update. A runner whose rollout finds the queue full waits
+        until there is room. An iteration ends when a learner update ends."""
+        c = self.config
+
+        def start_learner() -> None:
+            if self.learner_future is None and self.queue:
+                self.queue_depths.append(len(self.queue))
+                batch = [self.queue.popleft() for _ in range(min(c.batch_rollouts, len(self.queue)))]
+                self.learner_future = self.learner.call("update", *batch)
+            while self.held and len(self.queue) < c.queue_size:  # room again: release waiting runners
+                i, ref = self.held.popleft()
+                self.queue.append(ref)
+                self.inflight[i] = self.runners[i].call("sample", c.rollout_steps)
+
+        waiting = {i for i, _ in self.held}
+        for i, runner in enumerate(self.runners):
+            if i not in self.inflight and i not in waiting:
+                self.inflight[i] = runner.call("sample", c.rollout_steps)
+        while True:
+            start_learner()
+            ids = list(self.inflight)
+            futures = [self.inflight[i] for i in ids]
+            k = self.backend.wait_any(futures + ([self.learner_future] if self.learner_future is not None else []))
+            if k < len(ids):  # a rollout is finished: queue it, and sample the next if there is room
+                i = ids[k]
+                ref = self.inflight.pop(i)
+                if len(self.queue) < c.queue_size:
+                    self.queue.append(ref)
+                    self.inflight[i] = self.runners[i].call("sample", c.rollout_steps)
+                else:
+                    self.held.append((i, ref))
+                continue
+            result = self.backend.get(self.learner_future)
+            self.learner_future = None
+            start_learner()  # the learner never waits for the driver's bookkeeping
+            depth = float(np.mean(self.queue_depths)) if self.queue_depths else 0.0
+            self.queue_depths.clear()
+            metrics = {**result.metrics, "learner/queue_depth": depth,
+                       "learner/queue_waiting_runners": float(len(self.held))}
+            return UpdateResult(metrics, result.version, result.env_steps, result.episode_returns,
+                                result.episode_lengths)
 
     def evaluate(self, episodes: int | None = None, deterministic: bool | None = None) -> dict[str, float]:
         """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""

@@ -41,6 +41,8 @@ class Learner:
         self.generator = torch.Generator().manual_seed(config.seed)
         self.version = 0
         self.env_steps = 0
+        self.dropped_rollouts = 0  # too old for max_policy_lag (asynchronous loop)
+        self.dropped_steps = 0
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
@@ -55,13 +57,27 @@ class Learner:
         raise NotImplementedError
 
     def update(self, *rollouts: Rollout) -> UpdateResult:
-        """Learn from the rollouts, publish version+1, and report metrics and episodes."""
-        metrics = self.learn(list(rollouts))
-        metrics["learner/policy_lag_max"] = float(max(self.version - r.policy_version for r in rollouts))
+        """Learn from the rollouts, publish version+1, and report metrics and episodes.
+
+        Policy lag is how many versions behind the learner each rollout's policy was. With
+        ``max_policy_lag`` set, older rollouts are dropped, not learned from, and counted; their
+        steps and episodes still count as sampled.
+        """
+        lags = [self.version - r.policy_version for r in rollouts]
+        max_lag = getattr(self.config, "max_policy_lag", None)
+        fresh = [r for r, lag in zip(rollouts, lags) if max_lag is None or lag <= max_lag]
+        self.dropped_rollouts += len(rollouts) - len(fresh)
+        self.dropped_steps += sum(r.env_steps for r in rollouts) - sum(r.env_steps for r in fresh)
+        metrics = {}
+        if fresh:
+            metrics = self.learn(fresh)
+            self.version += 1
+            self.publish()
+        metrics.update({"learner/policy_lag_mean": float(np.mean(lags)), "learner/policy_lag_max": float(max(lags)),
+                        "learner/dropped_rollouts": float(self.dropped_rollouts),
+                        "learner/dropped_steps": float(self.dropped_steps)})
         steps = sum(r.env_steps for r in rollouts)
         self.env_steps += steps
-        self.version += 1
-        self.publish()
         return UpdateResult(metrics, self.version, steps,
                             [x for r in rollouts for x in r.episode_returns],
                             [x for r in rollouts for x in r.episode_lengths])
@@ -78,6 +94,7 @@ class Learner:
         """All the learner needs to continue exactly."""
         return {"weights": self.get_weights(), "extra": self.extra_state(),
                 "version": self.version, "env_steps": self.env_steps,
+                "dropped": (self.dropped_rollouts, self.dropped_steps),
                 "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -85,6 +102,7 @@ class Learner:
         set_weights(self.policy, state["weights"])
         self.load_extra_state(state["extra"])
         self.version, self.env_steps = state["version"], state["env_steps"]
+        self.dropped_rollouts, self.dropped_steps = state.get("dropped", (0, 0))
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["torch_rng"])
         self.publish()

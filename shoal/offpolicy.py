@@ -197,11 +197,12 @@ class OffPolicyLearner(Learner):
             self.replay.add_rollout(r)
         return self._train(self.env_steps + sum(r.env_steps for r in rollouts), None)
 
-    def train_for(self, max_updates: int, env_steps: int) -> UpdateResult:
-        """Ape-X's learner step: up to ``max_updates`` updates from the shards, then publish."""
+    def train_for(self, max_updates: int | None, env_steps: int) -> UpdateResult:
+        """Ape-X's learner step: up to ``max_updates`` updates (None: while the shards allow),
+        then publish."""
         self.env_steps = env_steps
         metrics = self._train(env_steps, max_updates)
-        if metrics["learner/updates_this_call"] == 0:
+        if metrics["learner/updates_this_call"] == 0 and max_updates is not None:
             time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them
         self.version += 1
         self.publish()

@@ -110,6 +110,12 @@ class PolicyModule(nn.Module):
     def apply_ladder(self, index: int, count: int) -> None:
         """Set this copy's exploration for runner ``index`` of ``count`` (Ape-X); default: unchanged."""
 
+    def initial_priorities(self, obs: Tensor, actions: Tensor, rewards: Tensor, next_obs: Tensor,
+                           discounts: Tensor) -> Tensor | None:
+        """|TD error| [N] of new transitions by this copy's own estimate, for prioritised replay
+        (Ape-X); None where the policy holds no value estimate (the buffer then uses its maximum)."""
+        return None
+
     def to_env(self, actions: Tensor) -> np.ndarray:
         """Actions as the env takes them (continuous ones clipped to the bounds)."""
         a = actions.numpy()

@@ -95,6 +95,61 @@ class RateLimiter:
         return self.spi is None or self._diff() + n * self.spi <= self.spi * self.min_size + self.error_buffer
 
 
+class NStep:
+    """Turns rollouts into n-step transitions, carrying each env's unfinished window across
+    rollouts. The replay buffer owns one; an Ape-X runner owns one too, so it can compute its
+    transitions' initial priorities before inserting them."""
+
+    def __init__(self, gamma: float, n_step: int):
+        self.gamma, self.n_step = gamma, n_step
+        # Per (runner, env) stream: the last steps not yet long enough for an n-step transition.
+        self.pending: dict[tuple[int, int], deque] = {}
+
+    def __call__(self, r: Rollout) -> tuple[np.ndarray, ...]:
+        """(obs, actions, rewards, next_obs, discounts) of the transitions this rollout completes."""
+        T, B = r.rewards.shape
+        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, obs_dim]
+        if len(r.final_idx):  # an ended episode's successor is its true final observation
+            next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
+        if self.n_step == 1:
+            return (r.obs.reshape(T * B, -1), r.actions.reshape(T * B, *r.actions.shape[2:]),
+                    r.rewards.reshape(-1), next_obs.reshape(T * B, -1),
+                    np.where(r.terminated, 0.0, self.gamma).reshape(-1).astype(np.float32))
+        out: list[tuple] = []
+        for b in range(B):
+            queue = self.pending.setdefault((r.runner_id, b), deque())
+            for t in range(T):
+                queue.append((r.obs[t, b], r.actions[t, b], r.rewards[t, b], next_obs[t, b], r.terminated[t, b]))
+                if r.terminated[t, b] or r.truncated[t, b]:
+                    while queue:  # the episode ended: every pending start gets a shorter window
+                        out.append(self._window(queue))
+                        queue.popleft()
+                elif len(queue) == self.n_step:
+                    out.append(self._window(queue))
+                    queue.popleft()
+        obs_dim = r.obs.shape[-1]
+        if not out:
+            return (np.empty((0, obs_dim), np.float32), np.empty((0, *r.actions.shape[2:]), r.actions.dtype),
+                    np.empty(0, np.float32), np.empty((0, obs_dim), np.float32), np.empty(0, np.float32))
+        obs, actions, rewards, nxt, discounts = zip(*out)
+        return (np.stack(obs), np.stack(actions), np.asarray(rewards, np.float32), np.stack(nxt),
+                np.asarray(discounts, np.float32))
+
+    def _window(self, queue: deque) -> tuple:
+        """The transition starting at queue[0] and spanning the whole queue."""
+        reward = sum(self.gamma**i * step[2] for i, step in enumerate(queue))
+        discount = 0.0 if queue[-1][4] else self.gamma ** len(queue)
+        return queue[0][0], queue[0][1], reward, queue[-1][3], discount
+
+    def get_state(self) -> dict[tuple[int, int], list]:
+        """The unfinished windows."""
+        return {k: list(v) for k, v in self.pending.items()}
+
+    def set_state(self, pending: dict[tuple[int, int], list]) -> None:
+        """Restore :meth:`get_state`."""
+        self.pending = {k: deque(v) for k, v in pending.items()}
+
+
 class ReplayBuffer:
     """A ring buffer of n-step transitions; uniform or prioritised (Schaul et al. 2016) sampling."""
 
@@ -115,8 +170,7 @@ class ReplayBuffer:
         self.limiter = RateLimiter(samples_per_insert, min_size_to_sample,
                                    error_buffer if error_buffer is not None else max(1.0, samples_per_insert or 1.0))
         self.rng = np.random.default_rng(seed)
-        # Per (runner, env) stream: the last steps not yet long enough for an n-step transition.
-        self.pending: dict[tuple[int, int], deque] = {}
+        self.nstep = NStep(gamma, n_step)
 
     def __len__(self) -> int:
         return self.size
@@ -128,49 +182,28 @@ class ReplayBuffer:
     # -- inserting -------------------------------------------------------------------------
     def add_rollout(self, r: Rollout) -> int:
         """Turn a rollout into n-step transitions and store them; returns how many were stored."""
-        T, B = r.rewards.shape
-        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, obs_dim]
-        if len(r.final_idx):  # an ended episode's successor is its true final observation
-            next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
-        if self.n_step == 1:
-            self._store(r.obs.reshape(T * B, -1), r.actions.reshape(T * B, *r.actions.shape[2:]),
-                        r.rewards.reshape(-1), next_obs.reshape(T * B, -1),
-                        np.where(r.terminated, 0.0, self.gamma).reshape(-1))
-            return T * B
-        stored = 0
-        for b in range(B):
-            queue = self.pending.setdefault((r.runner_id, b), deque())
-            for t in range(T):
-                queue.append((r.obs[t, b], r.actions[t, b], r.rewards[t, b], next_obs[t, b], r.terminated[t, b]))
-                if r.terminated[t, b] or r.truncated[t, b]:
-                    while queue:  # the episode ended: every pending start gets a shorter window
-                        stored += self._emit(queue)
-                        queue.popleft()
-                elif len(queue) == self.n_step:
-                    stored += self._emit(queue)
-                    queue.popleft()
-        return stored
+        return self.add(*self.nstep(r))
 
-    def _emit(self, queue: deque) -> int:
-        """Store the transition starting at queue[0] and spanning the whole queue."""
-        k = len(queue)
-        reward = sum(self.gamma**i * step[2] for i, step in enumerate(queue))
-        last = queue[-1]
-        discount = 0.0 if last[4] else self.gamma**k
-        first = queue[0]
-        self._store(first[0][None], np.asarray(first[1])[None], np.array([reward]), last[3][None], np.array([discount]))
-        return 1
-
-    def _store(self, obs, actions, rewards, next_obs, discounts) -> None:
+    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
+            discounts: np.ndarray, priorities: np.ndarray | None = None) -> int:
+        """Store transitions; returns how many. Prioritised buffers give each its initial priority
+        (|TD error| computed by the writer, as Ape-X's actors do) or, without one, the highest
+        priority seen, so that it is replayed at least once."""
         n = len(rewards)
         idx = (self.pos + np.arange(n)) % self.capacity
         self.obs[idx], self.actions[idx], self.rewards[idx] = obs, actions, rewards
         self.next_obs[idx], self.discounts[idx] = next_obs, discounts
-        if self.tree is not None:  # new transitions get the highest priority seen, so each is replayed once
-            self.tree.update(idx, np.full(n, self.max_priority**self.alpha))
+        if self.tree is not None:
+            if priorities is None:
+                self.tree.update(idx, np.full(n, self.max_priority**self.alpha))
+            elif n:
+                p = np.abs(priorities) + self.priority_eps
+                self.max_priority = max(self.max_priority, float(p.max()))
+                self.tree.update(idx, p**self.alpha)
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.capacity, self.size + n)
         self.limiter.inserts += n
+        return n
 
     # -- sampling --------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
@@ -223,7 +256,7 @@ class ReplayBuffer:
                 "rewards": self.rewards[:n].copy(), "discounts": self.discounts[:n].copy(), "pos": self.pos,
                 "size": n, "tree": None if self.tree is None else self.tree.tree.copy(),
                 "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
-                "rng": self.rng.bit_generator.state, "pending": {k: list(v) for k, v in self.pending.items()}}
+                "rng": self.rng.bit_generator.state, "pending": self.nstep.get_state()}
 
     def reset_limiter(self) -> None:
         """Start the rate limiter's counts again (the contents were not restored)."""
@@ -239,7 +272,7 @@ class ReplayBuffer:
             self.tree.tree[:] = s["tree"]
         self.limiter.inserts, self.limiter.samples = s["inserts"], s["samples"]
         self.rng.bit_generator.state = s["rng"]
-        self.pending = {k: deque(v) for k, v in s["pending"].items()}
+        self.nstep.set_state(s["pending"])
 
 
 class ShardedReplay:

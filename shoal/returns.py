@@ -36,3 +36,34 @@ def gae(rewards: Tensor, values: Tensor, next_value: Tensor, done: Tensor, gamma
         running = delta[t] + gamma * lam * not_done[t] * running
         adv[t] = running
     return adv, adv + values
+
+
+def vtrace(behaviour_logp: Tensor, target_logp: Tensor, rewards: Tensor, values: Tensor, next_value: Tensor,
+           done: Tensor, gamma: float, lam: float = 1.0, rho_bar: float = 1.0, c_bar: float = 1.0,
+           pg_rho_bar: float | None = None) -> tuple[Tensor, Tensor]:
+    """V-trace (Espeholt et al. 2018, eq. 1 and Sec. 4.2): value targets v_s and policy-gradient
+    advantages [T, B] for trajectories of a behaviour policy mu, corrected towards pi.
+
+    ``behaviour_logp``/``target_logp`` [T, B] are log mu(a_t|x_t) and log pi(a_t|x_t);
+    ``next_value`` [T, B] is V(x_{t+1}) with termination (0) and truncation (the true final
+    observation's value) already applied, as for :func:`gae`; ``done`` cuts the traces at episode
+    ends. Truncation ratios rho_t = min(rho_bar, pi/mu) and c_t = lam * min(c_bar, pi/mu); the
+    advantage uses min(pg_rho_bar, pi/mu) (default rho_bar). With pi = mu, lam = 1 and bars >= 1
+    it reduces to the n-step returns bootstrapped from the rollout's end.
+    """
+    with torch.no_grad():
+        ratio = (target_logp - behaviour_logp).exp()
+        rho = ratio.clamp(max=rho_bar)
+        c = lam * ratio.clamp(max=c_bar)
+        delta = rho * (rewards + gamma * next_value - values)
+        carry = gamma * c * (~done).to(values.dtype)
+        vs_minus_v = torch.zeros_like(values)
+        acc = torch.zeros_like(values[0])
+        for t in range(len(rewards) - 1, -1, -1):
+            acc = delta[t] + carry[t] * acc
+            vs_minus_v[t] = acc
+        vs = values + vs_minus_v
+        # v_{s+1} inside the advantage: the next target within the episode, else the bootstrap.
+        vs_next = torch.where(done, next_value, torch.cat([vs[1:], next_value[-1:]], dim=0))
+        pg_rho = ratio.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
+        return vs, pg_rho * (rewards + gamma * vs_next - values)

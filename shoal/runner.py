@@ -62,6 +62,11 @@ class EnvRunner:
         torch.set_num_threads(config.torch_threads)
         self.config, self.runner_id, self.store, self.policy_id = config, runner_id, store, policy_id
         self.replay = replay  # Ape-X: the replay shard this runner inserts into
+        self.nstep = None
+        if replay is not None:  # Ape-X: transitions are built here, to compute their priorities
+            from shoal.replay import NStep
+
+            self.nstep = NStep(config.gamma, config.n_step)
         self.env = make_vector_env(config.env, config.num_envs_per_runner)
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
@@ -150,7 +155,12 @@ class EnvRunner:
                 return RolloutSummary(0, [], [], self.version)
             time.sleep(0.002)
         r = self.sample(num_steps)
-        self.replay.resolve(self.replay.call("add_rollout", r))
+        batch = self.nstep(r)
+        priorities = None
+        if self.config.prioritized:
+            p = self.policy.initial_priorities(*(torch.as_tensor(x) for x in batch))
+            priorities = None if p is None else p.numpy()
+        self.replay.resolve(self.replay.call("add", *batch, priorities))
         return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version)
 
     def get_state(self) -> bytes:
@@ -158,6 +168,7 @@ class EnvRunner:
         return cloudpickle.dumps({
             "env": self.env, "obs": self.obs, "generator": self.generator.get_state(),
             "ep_return": self.ep_return, "ep_length": self.ep_length,
+            "nstep": None if self.nstep is None else self.nstep.get_state(),
         })
 
     def set_state(self, state: bytes) -> None:
@@ -167,6 +178,8 @@ class EnvRunner:
         self.env, self.obs = s["env"], s["obs"]
         self.generator.set_state(s["generator"])
         self.ep_return, self.ep_length = s["ep_return"], s["ep_length"]
+        if self.nstep is not None and s.get("nstep") is not None:
+            self.nstep.set_state(s["nstep"])
         self.version = -1  # pull the restored weights on the next sample
 
     def ping(self) -> int:

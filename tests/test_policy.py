@@ -49,3 +49,15 @@ def test_act_accepts_one_observation_or_a_batch_and_respects_bounds():
     assert np.all(np.abs(batch) <= 0.5) and np.all(np.abs(one) <= 0.5)
     discrete = Policy(ActorCritic(obs_space, gym.spaces.Discrete(3)))
     assert discrete.act(np.zeros(3)).shape == () and discrete.act(np.zeros((4, 3))).shape == (4,)
+
+
+def test_dqn_initial_priorities_are_the_actor_copys_td_errors():
+    from shoal.algos.dqn import QNetwork
+
+    q = QNetwork(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3), (8,), "relu", dueling=False)
+    obs, nxt = torch.randn(5, 2), torch.randn(5, 2)
+    actions, rewards, discounts = torch.tensor([0, 1, 2, 0, 1]), torch.randn(5), torch.tensor([0.9, 0, 0.9, 0.9, 0.81])
+    with torch.no_grad():
+        expected = [abs(float(rewards[i] + discounts[i] * q(nxt[i:i + 1]).max() - q(obs[i:i + 1])[0, actions[i]]))
+                    for i in range(5)]
+    np.testing.assert_allclose(q.initial_priorities(obs, actions, rewards, nxt, discounts).numpy(), expected, rtol=1e-5)

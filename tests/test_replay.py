@@ -100,3 +100,26 @@ def test_replay_state_round_trip():
     buf.add_rollout(rollout([6], [0], [0]))
     copy.add_rollout(rollout([6], [0], [0]))  # the pending step carried over completes the same way
     assert stored(buf) == stored(copy)
+
+
+def test_writer_priorities_set_sampling_frequencies():
+    buf = ReplayBuffer(4, 1, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=2)
+    obs = np.arange(4, dtype=np.float32)[:, None]
+    buf.add(obs, np.zeros(4, np.int64), np.zeros(4, np.float32), obs, np.full(4, 0.9, np.float32),
+            priorities=np.array([1.0, 0.0, 3.0, 4.0]))
+    assert buf.max_priority == 4.0
+    counts = np.bincount(np.concatenate([buf.sample(8).indices for _ in range(5000)]), minlength=4)
+    assert counts[1] == 0
+    np.testing.assert_allclose(counts / counts.sum(), [1 / 8, 0, 3 / 8, 4 / 8], atol=0.01)
+
+
+def test_n_step_assembly_is_the_same_in_a_runner_and_in_the_buffer():
+    from shoal.replay import NStep
+
+    a = ReplayBuffer(100, 1, (), np.int64, gamma=0.5, n_step=3)
+    b = ReplayBuffer(100, 1, (), np.int64, gamma=0.5, n_step=3)
+    nstep = NStep(0.5, 3)
+    for r in (rollout([1, 2, 4, 8], [0, 0, 1, 0], [0, 0, 0, 0]), rollout([16, 32, 64], [0, 0, 0], [0, 1, 0])):
+        a.add_rollout(r)
+        b.add(*nstep(r))
+    assert stored(a) == stored(b) and len(a) == 6

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from shoal.algos.ppo import make_policy
+from shoal.onpolicy import make_actor_critic
 from shoal.policy import get_weights
 from shoal.runner import EnvRunner
 from shoal.weights import WeightStore
@@ -26,7 +26,7 @@ def test_runner_pulls_newer_weights_and_tags_rollouts(tiny):
     store = WeightStore()
     runner = EnvRunner(config, 3, store)
     assert runner.sample(4).policy_version == -1
-    module = make_policy(config, runner.env.single_observation_space, runner.env.single_action_space)
+    module = make_actor_critic(config, runner.env.single_observation_space, runner.env.single_action_space)
     store.publish("default", 7, get_weights(module))
     r = runner.sample(4)
     assert (r.policy_version, r.runner_id, r.policy_id) == (7, 3, "default")

@@ -17,7 +17,7 @@ class AlgoSpec:
     config_cls: type
     learner_cls: type
     make_policy: Callable[..., Any]  # (config, obs_space, action_space) -> policy module
-    loop: str  # which driver loop: "sync" (sample -> update -> publish, every iteration)
+    loop: str  # driver loop on Ray: "sync" (sample -> update -> publish) or "async" (queued rollouts)
     summary: str
 
 
@@ -45,4 +45,4 @@ def spec_for(config: Any) -> AlgoSpec:
     return get(config.algo)
 
 
-from shoal.algos import ddpg, dqn, ppo, sac, td3  # noqa: E402,F401  (each registers itself)
+from shoal.algos import a2c, appo, ddpg, dqn, impala, ppo, sac, td3, trpo  # noqa: E402,F401  (each registers itself)

@@ -89,6 +89,13 @@ class QNetwork(PolicyModule):
         if not bool(self.random_actions):
             self.epsilon.fill_(0.4 ** (1 + 7 * index / max(1, count - 1)))
 
+    @torch.no_grad()
+    def initial_priorities(self, obs: Tensor, actions: Tensor, rewards: Tensor, next_obs: Tensor,
+                           discounts: Tensor) -> Tensor:
+        """Ape-X actors' priorities: |r + discount * max Q(s') - Q(s, a)| with this copy's network."""
+        q = self(obs).gather(-1, actions.long()[:, None]).squeeze(-1)
+        return (rewards + discounts * self(next_obs).max(-1).values - q).abs()
+
     def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
         greedy = self(x).argmax(-1)
         n = x.shape[0]

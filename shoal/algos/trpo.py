@@ -1,0 +1,167 @@
+"""Trust Region Policy Optimization (Schulman et al. 2015), discrete and continuous actions.
+
+The policy step is the natural gradient: conjugate gradient solves F x = g with Fisher-vector
+products (the Hessian of the mean KL, by double backprop), the step is scaled to the KL bound
+(``max_kl``), and a backtracking line search keeps only a step that improves the surrogate and
+satisfies the bound. The value function is fitted separately, by minibatch Adam regression.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor
+from torch.distributions import Distribution, kl_divergence
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from shoal.algos import AlgoSpec, register
+from shoal.config import _check
+from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
+from shoal.runner import Rollout
+
+
+@dataclass(frozen=True)
+class TRPOConfig(OnPolicyConfig):
+    """TRPO: KL-constrained natural-gradient policy steps; the value function is fitted apart
+    (``lr`` is the value function's; ``vf_coef`` does not apply)."""
+
+    algo: ClassVar[str] = "trpo"
+
+    rollout_steps: int = 256
+    """Steps each env takes per iteration (n_steps)."""
+    lr: float = 1e-3
+    """Adam learning rate of the value function."""
+    max_kl: float = 0.01
+    """Bound on the mean KL divergence between the policies before and after a step."""
+    cg_iters: int = 15
+    """Conjugate-gradient iterations."""
+    cg_damping: float = 0.1
+    """Damping added to the Fisher matrix (F + damping I), for a stable solve."""
+    line_search_shrink: float = 0.8
+    """Backtracking factor of the line search."""
+    line_search_steps: int = 10
+    """Step sizes the line search tries before keeping the old policy."""
+    vf_epochs: int = 10
+    """Passes of value-function regression over each batch."""
+    vf_minibatch_size: int = 128
+    """Samples per value-function step."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.max_kl > 0, "max_kl must be positive")
+        _check(self.cg_iters >= 1, "cg_iters must be at least 1")
+        _check(self.cg_damping >= 0, "cg_damping must be non-negative")
+        _check(0 < self.line_search_shrink < 1, "line_search_shrink must be in (0, 1)")
+        _check(self.line_search_steps >= 1, "line_search_steps must be at least 1")
+        _check(self.vf_epochs >= 1, "vf_epochs must be at least 1")
+        _check(self.vf_minibatch_size >= 1, "vf_minibatch_size must be at least 1")
+
+
+def conjugate_gradient(matvec: Callable[[Tensor], Tensor], b: Tensor, iters: int, tol: float = 1e-10) -> Tensor:
+    """Approximately solve A x = b for symmetric positive-definite A given only x -> A x."""
+    x = torch.zeros_like(b)
+    r, p = b.clone(), b.clone()
+    rr = r @ r
+    for _ in range(iters):
+        ap = matvec(p)
+        alpha = rr / (p @ ap)
+        x += alpha * p
+        r -= alpha * ap
+        new_rr = r @ r
+        if new_rr < tol:
+            break
+        p = r + (new_rr / rr) * p
+        rr = new_rr
+    return x
+
+
+def mean_kl(old: Distribution, new: Distribution) -> Tensor:
+    """Mean over states of KL(old || new), summed over action dimensions."""
+    kl = kl_divergence(old, new)
+    return (kl.sum(-1) if kl.dim() > 1 else kl).mean()
+
+
+class TRPOLearner(OnPolicyLearner):
+    """Natural-gradient policy step under a KL bound, then value regression."""
+
+    def __init__(self, config: TRPOConfig, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        m = self.policy
+        self.actor_params = [p for name, p in m.named_parameters() if not name.startswith("critic.")]
+        self.vf_optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=1e-5)
+
+    def extra_state(self) -> dict[str, Any]:
+        return self.vf_optimizer.state_dict()
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.vf_optimizer.load_state_dict(state)
+
+    def surrogate(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
+        """E[pi(a|s) / pi_old(a|s) * A] plus the entropy bonus: what the step maximises."""
+        logp, entropy = self.policy.evaluate_actions(obs, actions)
+        return ((logp - old_logp).exp() * adv).mean() + self.config.ent_coef * entropy.mean()
+
+    def policy_step(self, obs: Tensor, actions: Tensor, adv: Tensor) -> dict[str, float]:
+        """One KL-constrained natural-gradient step of the actor; returns what it did."""
+        c, m, params = self.config, self.policy, self.actor_params
+        with torch.no_grad():
+            old_dist = m.dist(obs)
+            old_logp, _ = m.evaluate_actions(obs, actions)
+        surr = self.surrogate(obs, actions, old_logp, adv)
+        g = parameters_to_vector(torch.autograd.grad(surr, params))
+        kl_grad = parameters_to_vector(torch.autograd.grad(mean_kl(old_dist, m.dist(obs)), params, create_graph=True))
+
+        def fisher_vector(v: Tensor) -> Tensor:
+            hv = torch.autograd.grad(kl_grad @ v, params, retain_graph=True)
+            return parameters_to_vector(hv) + c.cg_damping * v
+
+        direction = conjugate_gradient(fisher_vector, g, c.cg_iters)
+        quad = float(direction @ fisher_vector(direction))  # x^T F x
+        if not math.isfinite(quad) or quad <= 0:
+            return {"learner/kl": 0.0, "learner/step_accepted": 0.0, "learner/line_search_steps": 0.0,
+                    "loss/policy": -float(surr.detach())}
+        full_step = direction * math.sqrt(2 * c.max_kl / quad)  # 0.5 s^T F s = max_kl
+        old = parameters_to_vector(params).detach()
+        surr_old = float(surr.detach())
+        with torch.no_grad():
+            for k in range(c.line_search_steps):
+                vector_to_parameters(old + c.line_search_shrink**k * full_step, params)
+                kl = float(mean_kl(old_dist, m.dist(obs)))
+                surr_new = float(self.surrogate(obs, actions, old_logp, adv))
+                if kl <= c.max_kl and surr_new > surr_old:
+                    return {"learner/kl": kl, "learner/step_accepted": 1.0, "learner/line_search_steps": k + 1.0,
+                            "loss/policy": -surr_new}
+            vector_to_parameters(old, params)  # no step satisfied both: keep the old policy
+        return {"learner/kl": 0.0, "learner/step_accepted": 0.0,
+                "learner/line_search_steps": float(c.line_search_steps), "loss/policy": -surr_old}
+
+    def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+        c, m = self.config, self.policy
+        b = self.gae_batch(rollouts)
+        adv = b["adv"]
+        if c.normalize_advantages and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        metrics = self.policy_step(b["obs"], b["actions"], adv)
+        lr = self.scheduled_lr(self.vf_optimizer)
+        n = len(adv)
+        losses = []
+        for _ in range(c.vf_epochs):
+            perm = torch.as_tensor(self.rng.permutation(n))
+            for start in range(0, n, c.vf_minibatch_size):
+                idx = perm[start: start + c.vf_minibatch_size]
+                loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
+                self.vf_optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.critic.parameters(), c.max_grad_norm)
+                self.vf_optimizer.step()
+                losses.append(loss.detach())
+        self.merge_obs_stats(rollouts)
+        return {**metrics, "loss/value": float(torch.stack(losses).mean()), "learner/lr": lr,
+                "learner/explained_variance": explained_variance(b["values"], b["ret"])}
+
+
+register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_actor_critic, "sync",
+                  "Trust Region Policy Optimization, discrete and continuous actions"))

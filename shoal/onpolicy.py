@@ -1,0 +1,245 @@
+"""What the on-policy algorithms share: settings, batch assembly and value bootstrapping.
+
+PPO, A2C and TRPO estimate advantages with GAE on synchronous batches; IMPALA and APPO correct
+for stale behaviour policies with V-trace and run on the asynchronous loop (``loop="async"``):
+on the ray backend, runners sample without waiting for the learner, and trajectories reach it
+through a bounded queue tagged with the policy version that produced them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from shoal.config import Config, _check
+from shoal.learner import Learner
+from shoal.policy import ActorCritic
+from shoal.returns import gae, next_values, vtrace
+from shoal.runner import Rollout
+
+
+@dataclass(frozen=True)
+class OnPolicyConfig(Config):
+    """Settings of every actor-critic algorithm that learns from its own recent rollouts."""
+
+    rollout_steps: int = 128
+    """Steps each env takes per rollout (n_steps)."""
+    lr: float = 3e-4
+    """Learning rate."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` decays the learning rate to 0 at total_steps."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda (V-trace's lambda for IMPALA/APPO): bias/variance trade-off of the advantage."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this."""
+    normalize_advantages: bool = True
+    """Standardise advantages (per minibatch, or per batch where there are no minibatches)."""
+    normalize_obs: bool = False
+    """Normalise observations by a running mean/std (kept in the policy and its checkpoints)."""
+    reward_scale: float = 1.0
+    """Multiply rewards by this before computing returns (keeps value targets near unit scale)."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of continuous actions."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.rollout_steps >= 1, "rollout_steps must be at least 1")
+        _check(self.lr > 0, "lr must be positive")
+        _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
+        _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
+        _check(self.max_grad_norm > 0, "max_grad_norm must be positive")
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per synchronous iteration, across runners."""
+        return self.rollout_steps * self.num_envs
+
+
+def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorCritic:
+    """The actor-critic network every on-policy algorithm trains."""
+    return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
+                       config.normalize_obs, config.log_std_init)
+
+
+class OnPolicyLearner(Learner):
+    """Batch assembly for rollouts laid side by side: [T, sum of runners' envs]."""
+
+    config: OnPolicyConfig
+    policy: ActorCritic
+
+    def remaining(self) -> float:
+        """Fraction of total_steps still to go (for linear schedules)."""
+        return max(0.0, 1.0 - self.env_steps / self.config.total_steps)
+
+    def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> float:
+        """Set and return this update's learning rate."""
+        c = self.config
+        lr = c.lr * (self.remaining() if c.lr_schedule == "linear" else 1.0)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
+        """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
+        critic (0 after termination; the true final observation's value after truncation)."""
+        c, m = self.config, self.policy
+        cat = lambda name: torch.as_tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
+        obs, actions, logp = cat("obs"), cat("actions"), cat("logp")
+        rewards = cat("rewards") * c.reward_scale
+        terminated, truncated = cat("terminated"), cat("truncated")
+        T, B = rewards.shape
+        offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
+        final_idx = torch.as_tensor(np.concatenate(
+            [r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2))
+        last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]))
+        final_obs = torch.as_tensor(np.concatenate([r.final_obs for r in rollouts]))
+        with torch.no_grad():  # one forward for every value the estimators need
+            v = m.value(torch.cat([obs.reshape(T * B, -1), last_obs, final_obs]))
+        values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
+        return {"obs": obs, "actions": actions, "logp": logp, "rewards": rewards, "values": values,
+                "next_values": next_values(values, last_value, final_value, final_idx, terminated, truncated),
+                "done": terminated | truncated}
+
+    def gae_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
+        """Flattened [N] samples with GAE advantages and returns."""
+        c = self.config
+        s = self.stack(rollouts)
+        adv, ret = gae(s["rewards"], s["values"], s["next_values"], s["done"], c.gamma, c.gae_lambda)
+        T, B = adv.shape
+        flat = lambda x: x.reshape(T * B, *x.shape[2:])
+        return {"obs": flat(s["obs"]), "actions": flat(s["actions"]), "logp": flat(s["logp"]),
+                "adv": flat(adv), "ret": flat(ret), "values": flat(s["values"])}
+
+    def merge_obs_stats(self, rollouts: list[Rollout]) -> None:
+        """Merge the runners' raw-observation statistics into the normaliser, in runner order."""
+        if self.policy.obs_norm is not None:
+            for r in rollouts:
+                self.policy.obs_norm.update(r.obs_moments)
+
+
+@dataclass(frozen=True)
+class AsyncConfig(OnPolicyConfig):
+    """Settings of the asynchronous, V-trace-corrected algorithms (IMPALA, APPO)."""
+
+    gae_lambda: float = 1.0
+    """V-trace's lambda: 1.0 is the paper's V-trace; lower mixes in shorter returns."""
+    vtrace_rho_bar: float = 1.0
+    """Clip of the importance weights in the value targets and advantages (rho bar)."""
+    vtrace_c_bar: float = 1.0
+    """Clip of the trace-cutting importance weights (c bar)."""
+    max_policy_lag: int | None = None
+    """Drop (and count) trajectories from a policy more than this many versions behind the
+    learner's (None: keep all)."""
+    num_epochs: int = 1
+    """Passes over each batch."""
+    minibatch_size: int = 0
+    """Samples per gradient step (0: the whole batch, one step per epoch)."""
+    learner_queue_size: int = 0
+    """Finished rollouts that may wait for the learner before runners pause (0: 2 per runner)."""
+    rollouts_per_update: int = 0
+    """Rollouts the learner takes from its queue per update, at most (0: one per runner)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.vtrace_rho_bar > 0 and self.vtrace_c_bar > 0, "vtrace_rho_bar and vtrace_c_bar must be positive")
+        _check(self.max_policy_lag is None or self.max_policy_lag >= 0, "max_policy_lag must be >= 0 or None")
+        _check(self.num_epochs >= 1, "num_epochs must be at least 1")
+        _check(self.minibatch_size >= 0, "minibatch_size must be >= 0 (0: the whole batch)")
+        _check(self.learner_queue_size >= 0, "learner_queue_size must be >= 0 (0: 2 per runner)")
+        _check(self.rollouts_per_update >= 0, "rollouts_per_update must be >= 0 (0: one per runner)")
+
+    @property
+    def queue_size(self) -> int:
+        """Bound of the learner's queue, in rollouts."""
+        return self.learner_queue_size or 2 * self.num_env_runners
+
+    @property
+    def batch_rollouts(self) -> int:
+        """Rollouts per learner update, at most."""
+        return self.rollouts_per_update or self.num_env_runners
+
+
+class VTraceLearner(OnPolicyLearner):
+    """Learns from batches corrected with V-trace towards the learner's current policy: value
+    regression to the V-trace targets, an entropy bonus and the algorithm's policy loss."""
+
+    config: AsyncConfig
+
+    def __init__(self, config: AsyncConfig, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)
+
+    def policy_loss(self, logp: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
+        """The loss to minimise for log-probabilities ``logp`` [N] of the network being trained,
+        ``old_logp`` [N] of the learner's policy before this update, V-trace advantages [N]."""
+        raise NotImplementedError
+
+    def extra_state(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+        c, m = self.config, self.policy
+        lr = self.scheduled_lr(self.optimizer)
+        b = self.vtrace_batch(rollouts)
+        n = len(b["adv"])
+        size = c.minibatch_size or n
+        stats = []  # per step: policy loss, value loss, entropy
+        for _ in range(c.num_epochs):
+            perm = torch.as_tensor(self.rng.permutation(n))
+            for start in range(0, n, size):
+                idx = perm[start: start + size]
+                adv = b["adv"][idx]
+                if c.normalize_advantages and len(idx) > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                obs = b["obs"][idx]
+                logp, entropy = m.evaluate_actions(obs, b["actions"][idx])
+                entropy = entropy.mean()
+                pg = self.policy_loss(logp, b["logp"][idx], adv)
+                vl = 0.5 * (m.value(obs) - b["vs"][idx]).pow(2).mean()
+                loss = pg + c.vf_coef * vl - c.ent_coef * entropy
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), c.max_grad_norm)
+                self.optimizer.step()
+                stats.append(torch.stack([pg.detach(), vl.detach(), entropy.detach()]))
+        self.merge_obs_stats(rollouts)
+        pg_mean, vl_mean, ent_mean = torch.stack(stats).mean(0).tolist()
+        rho = (b["logp"] - b["behaviour_logp"]).exp()
+        return {"loss/policy": pg_mean, "loss/value": vl_mean, "loss/entropy": ent_mean, "learner/lr": lr,
+                "learner/importance_ratio_mean": float(rho.mean()),
+                "learner/importance_ratio_clipped": float((rho > c.vtrace_rho_bar).float().mean()),
+                "learner/explained_variance": explained_variance(b["values"], b["vs"])}
+
+    def vtrace_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
+        """Flattened [N] samples with V-trace value targets ``vs``, advantages ``adv`` and the
+        learner's log-probabilities ``logp`` (the behaviour policy's are ``behaviour_logp``)."""
+        c, m = self.config, self.policy
+        s = self.stack(rollouts)
+        T, B = s["rewards"].shape
+        flat = lambda x: x.reshape(T * B, *x.shape[2:])
+        obs, actions = flat(s["obs"]), flat(s["actions"])
+        with torch.no_grad():
+            target_logp = m.evaluate_actions(obs, actions)[0].reshape(T, B)
+        vs, adv = vtrace(s["logp"], target_logp, s["rewards"], s["values"], s["next_values"], s["done"],
+                         c.gamma, c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar)
+        return {"obs": obs, "actions": actions, "logp": flat(target_logp), "behaviour_logp": flat(s["logp"]),
+                "vs": flat(vs), "adv": flat(adv), "values": flat(s["values"])}
+
+
+def explained_variance(values: Tensor, returns: Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns): how much of the returns the critic explains."""
+    var_ret = float(returns.var())
+    return 1.0 - float((returns - values).var()) / var_ret if var_ret > 0 else 0.0

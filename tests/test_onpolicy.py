@@ -1,0 +1,138 @@
+"""On-policy maths and mechanics: V-trace, conjugate gradient, TRPO's KL bound, policy lag."""
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.returns import gae, vtrace
+
+
+def reference_vtrace(mu_logp, pi_logp, rewards, values, next_value, done, gamma, lam, rho_bar, c_bar):
+    """Espeholt et al. eq. 1 written out: v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t,
+    the sum running to the end of the episode or of the rollout, one env and one step at a time."""
+    T, B = rewards.shape
+    ratio = np.exp(pi_logp - mu_logp)
+    vs, adv = np.zeros((T, B)), np.zeros((T, B))
+    for b in range(B):
+        for s in range(T):
+            total, coef = 0.0, 1.0
+            for t in range(s, T):
+                delta = min(rho_bar, ratio[t, b]) * (rewards[t, b] + gamma * next_value[t, b] - values[t, b])
+                total += gamma ** (t - s) * coef * delta
+                if done[t, b]:
+                    break
+                coef *= lam * min(c_bar, ratio[t, b])
+            vs[s, b] = values[s, b] + total
+    for b in range(B):
+        for s in range(T):
+            nxt = next_value[s, b] if done[s, b] or s == T - 1 else vs[s + 1, b]
+            adv[s, b] = min(rho_bar, ratio[s, b]) * (rewards[s, b] + gamma * nxt - values[s, b])
+    return vs, adv
+
+
+def random_trajectories(T=12, B=3, seed=0):
+    rng = np.random.default_rng(seed)
+    terminated = np.zeros((T, B), bool)
+    truncated = np.zeros((T, B), bool)
+    terminated[3, 0] = terminated[8, 1] = True
+    truncated[5, 0] = truncated[T - 1, 2] = True
+    values = rng.normal(size=(T, B))
+    # V(x_{t+1}): the next step's value within an episode, 0 after termination, V(final obs) after truncation
+    next_value = np.concatenate([values[1:], rng.normal(size=(1, B))])
+    next_value[truncated] = rng.normal(size=truncated.sum())
+    next_value[terminated] = 0.0
+    return dict(mu_logp=rng.normal(-0.7, 0.3, (T, B)), pi_logp=rng.normal(-0.7, 0.3, (T, B)),
+                rewards=rng.normal(size=(T, B)), values=values, next_value=next_value, done=terminated | truncated)
+
+
+@pytest.mark.parametrize("lam, rho_bar, c_bar", [(1.0, 1.0, 1.0), (0.9, 1.5, 0.8), (1.0, 100.0, 100.0)])
+def test_vtrace_matches_the_reference_loop_across_episode_ends(lam, rho_bar, c_bar):
+    d = random_trajectories()
+    t = {k: torch.as_tensor(v) for k, v in d.items()}
+    vs, adv = vtrace(t["mu_logp"], t["pi_logp"], t["rewards"], t["values"], t["next_value"], t["done"],
+                     0.9, lam, rho_bar, c_bar)
+    ref_vs, ref_adv = reference_vtrace(*d.values(), 0.9, lam, rho_bar, c_bar)
+    np.testing.assert_allclose(vs.numpy(), ref_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(adv.numpy(), ref_adv, rtol=1e-10, atol=1e-10)
+
+
+def test_vtrace_on_policy_is_the_n_step_return():
+    d = random_trajectories(seed=1)
+    t = {k: torch.as_tensor(v) for k, v in d.items()}
+    vs, adv = vtrace(t["mu_logp"], t["mu_logp"], t["rewards"], t["values"], t["next_value"], t["done"], 0.95)
+    gae_adv, returns = gae(t["rewards"], t["values"], t["next_value"], t["done"], 0.95, 1.0)
+    np.testing.assert_allclose(vs.numpy(), returns.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(adv.numpy(), gae_adv.numpy(), rtol=1e-10, atol=1e-12)
+    # and by hand for env 0, whose first episode terminates at step 3: plain discounted rewards
+    r = d["rewards"][:, 0]
+    assert vs[0, 0].item() == pytest.approx(r[0] + 0.95 * r[1] + 0.95**2 * r[2] + 0.95**3 * r[3])
+
+
+def test_conjugate_gradient_solves_a_known_system():
+    from shoal.algos.trpo import conjugate_gradient
+
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(6, 6))
+    a = torch.as_tensor(m @ m.T + 6 * np.eye(6))
+    b = torch.as_tensor(rng.normal(size=6))
+    x = conjugate_gradient(lambda v: a @ v, b, iters=6)
+    np.testing.assert_allclose(x.numpy(), np.linalg.solve(a.numpy(), b.numpy()), rtol=1e-8)
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_trpo_step_respects_the_kl_bound(env):
+    from shoal.algos.trpo import TRPOConfig, TRPOLearner, mean_kl
+    from shoal.envs import env_spaces
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    config = TRPOConfig(env=env, max_kl=0.005, rollout_steps=64, num_envs_per_runner=4, torch_threads=1)
+    store = WeightStore()
+    learner = TRPOLearner(config, *env_spaces(env), store)
+    learner.publish()
+    rollout = EnvRunner(config, 0, store).sample(64)
+    obs = torch.as_tensor(rollout.obs.reshape(-1, rollout.obs.shape[-1]))
+    with torch.no_grad():
+        before = learner.policy.dist(obs)
+    metrics = learner.learn([rollout])
+    with torch.no_grad():
+        kl = float(mean_kl(before, learner.policy.dist(obs)))
+    assert metrics["learner/step_accepted"] == 1.0
+    assert 0 < kl <= config.max_kl
+    assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
+
+
+def test_rollouts_older_than_max_policy_lag_are_dropped_and_counted():
+    from shoal.algos.impala import IMPALAConfig, IMPALALearner
+    from shoal.envs import env_spaces
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    config = IMPALAConfig(env="CartPole-v1", max_policy_lag=1, rollout_steps=8, num_envs_per_runner=2)
+    store = WeightStore()
+    learner = IMPALALearner(config, *env_spaces("CartPole-v1"), store)
+    learner.publish()
+    runner = EnvRunner(config, 0, store)
+    old = runner.sample(8)  # version 0
+    for _ in range(2):
+        learner.update(runner.sample(8))  # the learner moves to version 2
+    fresh = runner.sample(8)  # version 2
+    result = learner.update(old, fresh)
+    assert result.metrics["learner/policy_lag_max"] == 2 and result.metrics["learner/policy_lag_mean"] == 1
+    assert result.metrics["learner/dropped_rollouts"] == 1 and result.metrics["learner/dropped_steps"] == 16
+    assert result.version == 3 and result.env_steps == 32  # dropped steps still count as sampled
+    assert learner.update(old).version == 3  # nothing fresh: nothing learned or published
+
+
+@pytest.mark.parametrize("algo", ["a2c", "trpo", "impala", "appo"])
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_each_algorithm_trains_discrete_and_continuous(algo, env, tmp_path):
+    from shoal.algos import get
+
+    config = get(algo).config_cls(env=env, rollout_steps=16, num_envs_per_runner=4, total_steps=256,
+                                  progress=False, tensorboard=False, eval_episodes=1, eval_interval=0)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    assert summary["env_steps"] == 256
+    policy = shoal.load_policy(tmp_path / "run")
+    assert policy.action_space.contains(policy.act(policy.observation_space.sample()))
