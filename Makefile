@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # machines, and a looser resolution downloads gigabytes of CUDA packages.
 TORCH := torch==2.13.0
 
-.PHONY: install install-dev install-bench demo test test-slow bench clean
+.PHONY: install install-dev install-bench demo test test-slow bench proto clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ test-slow: install-dev
 
 bench: install-bench
 	$(BIN)/python benchmarks/run_all.py
+
+# Regenerate the Python messages from proto/shoal.proto (committed; needs the dev extra).
+proto: install-dev
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=shoal/remote --pyi_out=shoal/remote proto/shoal.proto
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

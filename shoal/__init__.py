@@ -26,7 +26,8 @@ _EXPORTS = {
     "Policy": "shoal.policy", "train": "shoal.trainer", "resume": "shoal.trainer",
     "A2CConfig": "shoal.algos.a2c", "TRPOConfig": "shoal.algos.trpo", "IMPALAConfig": "shoal.algos.impala",
     "APPOConfig": "shoal.algos.appo", "DQNConfig": "shoal.algos.dqn", "DDPGConfig": "shoal.algos.ddpg",
-    "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac",
+    "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac", "batched": "shoal.batching",
+    "RemoteVectorEnv": "shoal.remote.client", "PolicyClient": "shoal.remote.policyserver",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -40,14 +40,20 @@ class Algorithm:
         self.spec.make_policy(config, self.obs_space, self.action_space)
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
+        if config.inference == "central" and self.apex:
+            self.backend.shutdown()
+            raise ShoalError("--inference central cannot be combined with --apex (Ape-X runners explore at "
+                             "their own rates, so each needs its own policy copy)")
         try:
             self.store = self.backend.weight_store()
             shards = self._replay_shards() if self.apex else None
             extra = {"replay_shards": shards} if shards else {}
             self.learner = self.backend.make(self.spec.learner_cls, config, self.obs_space,
                                              self.action_space, self.store, name="learner", **extra)
+            self.inference = self._inference_servers() if config.inference == "central" else []
             self.runners = [self.backend.make(EnvRunner, config, i, self.store, "default",
                                               shards[i % len(shards)] if shards else None,
+                                              self.inference[i % len(self.inference)] if self.inference else None,
                                               name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
                             for i in range(config.num_env_runners)]
             self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
@@ -68,6 +74,17 @@ class Algorithm:
         self.queue: deque[Any] = deque()  # IMPALA/APPO on Ray: finished rollouts (ObjectRefs) for the learner
         self.held: deque[tuple[int, Any]] = deque()  # finished while the queue was full: runner waits
         self.queue_depths: list[int] = []  # queue length each time the learner took a batch
+
+    def _inference_servers(self) -> list[Any]:
+        """--inference central: servers that batch the runners' requests (threaded actors on Ray)."""
+        from shoal.inference import InferenceServer
+
+        n, c = self.config.num_inference_servers, self.config
+        per_server = -(-c.num_env_runners // n)
+        wait_ms = 1.0 if self.backend.name == "ray" else 0.0  # in-process, runners take turns: never wait
+        return [self.backend.make(InferenceServer, c, self.store, self.obs_space, self.action_space, i,
+                                  name=f"inference-{i}", concurrency=per_server + 2, max_batch=per_server,
+                                  max_wait_ms=wait_ms) for i in range(n)]
 
     def _replay_shards(self) -> list[Any]:
         from shoal.offpolicy import replay_args

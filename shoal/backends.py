@@ -39,7 +39,8 @@ class LocalBackend:
     def __init__(self, config: Any):
         self.config = config
 
-    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, **kwargs: Any) -> LocalHandle:
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
+             **kwargs: Any) -> LocalHandle:
         """Create a role."""
         return LocalHandle(cls(*args, **kwargs))
 
@@ -137,11 +138,14 @@ class RayBackend:
                                  "(start one with `ray start --head`, or drop --address)") from None
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
 
-    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, **kwargs: Any) -> RayHandle:
-        """Create ``cls(*args, **kwargs)`` as an actor. Helpers take no CPU so they never wait for one."""
+    def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
+             **kwargs: Any) -> RayHandle:
+        """Create ``cls(*args, **kwargs)`` as an actor. Helpers take no CPU so they never wait for one.
+        ``concurrency`` > 1 runs that many calls at once in threads (for batching services)."""
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None).remote(*args, **kwargs)
+        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None,
+                                        max_concurrency=concurrency).remote(*args, **kwargs)
         self.actors.append(actor)
         return RayHandle(actor)
 

@@ -23,6 +23,8 @@ commands:
   train --resume RUN_DIR              continue a run from its newest checkpoint
   eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic)
   plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time)
+  serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
+  serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
   envs                                list environment ids
 """
@@ -182,7 +184,121 @@ def cmd_envs(argv: list[str], console: Console) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
+@dataclass(frozen=True)
+class ServeEnvArgs:
+    """Serve copies of a Gymnasium env over gRPC (proto/shoal.proto); trainers use them with
+    --env remote://HOST:PORT. Stop with Ctrl-C."""
+
+    env_id: tyro.conf.Positional[str]
+    """Environment id served by default (any installed Gymnasium env)."""
+    num_envs: int = 8
+    """Envs per client session, stepped together as one batch per request."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires --token-file."""
+    port: int = 50051
+    """Port (0: any free port; the one chosen is printed)."""
+    token_file: str | None = None
+    """File holding the bearer token clients must send (at least 16 characters)."""
+    tls_cert: str | None = None
+    """PEM certificate chain for TLS (with --tls-key)."""
+    tls_key: str | None = None
+    """PEM private key for TLS."""
+    allow: tuple[str, ...] = ()
+    """Other env ids clients may open (an allowlist; the default id is always allowed)."""
+    max_sessions: int = 16
+    """Sessions (clients' vector envs) held at once; more are refused with RESOURCE_EXHAUSTED."""
+    session_timeout_s: float = 300.0
+    """Close a session idle for this long (a client that vanished)."""
+    max_message_mb: float = 16.0
+    """Largest request or reply, in MiB."""
+
+
+def cmd_serve_env(argv: list[str], console: Console) -> int:
+    from shoal.remote.envserver import EnvServer
+    from shoal.remote.server import read_token
+
+    args = tyro.cli(ServeEnvArgs, args=argv, prog="shoal serve-env")
+    if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
+        raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
+    server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
+                       session_timeout_s=args.session_timeout_s, host=args.host, port=args.port,
+                       token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
+                       tls_cert=args.tls_cert, tls_key=args.tls_key)
+    return _serve(server, console, f"serving {args.env_id} ({args.num_envs} envs per session)")
+
+
+@dataclass(frozen=True)
+class ServePolicyArgs:
+    """Serve trained policies over gRPC (PolicyService in proto/shoal.proto): clients send
+    observations and get actions, batched across clients. Stop with Ctrl-C."""
+
+    paths: Annotated[tuple[str, ...], tyro.conf.Positional]
+    """Run directories (their newest checkpoint) or checkpoint directories."""
+    policy_id: tuple[str, ...] = ()
+    """An id for each path, in order (default: `default` for one path, else the directory names)."""
+    follow: bool = False
+    """Watch the run directories and swap in each newer checkpoint as it is written."""
+    max_batch: int = 64
+    """Requests gathered into one forward pass, at most."""
+    max_wait_ms: float = 2.0
+    """How long the first request of a batch waits for others."""
+    host: str = "127.0.0.1"
+    """Address to bind; anything but loopback requires --token-file."""
+    port: int = 50061
+    """Port (0: any free port; the one chosen is printed)."""
+    token_file: str | None = None
+    """File holding the bearer token clients must send (at least 16 characters)."""
+    tls_cert: str | None = None
+    """PEM certificate chain for TLS (with --tls-key)."""
+    tls_key: str | None = None
+    """PEM private key for TLS."""
+    max_message_mb: float = 16.0
+    """Largest request or reply, in MiB."""
+
+
+def cmd_serve_policy(argv: list[str], console: Console) -> int:
+    from pathlib import Path
+
+    from shoal.remote.policyserver import PolicyServer
+    from shoal.remote.server import read_token
+
+    args = tyro.cli(ServePolicyArgs, args=argv, prog="shoal serve-policy")
+    if not args.paths:
+        raise ShoalError("name at least one run directory or checkpoint: shoal serve-policy RUN_DIR")
+    if args.policy_id and len(args.policy_id) != len(args.paths):
+        raise ShoalError(f"give one --policy-id per path ({len(args.paths)}), got {len(args.policy_id)}")
+    if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_message_mb <= 0:
+        raise ShoalError("--max-batch and --max-message-mb must be positive, --max-wait-ms at least 0")
+    ids = args.policy_id or (("default",) if len(args.paths) == 1 else tuple(Path(p).name for p in args.paths))
+    if len(set(ids)) != len(ids):
+        raise ShoalError(f"policy ids must differ: {', '.join(ids)} (use --policy-id)")
+    server = PolicyServer(dict(zip(ids, args.paths)), follow=args.follow, max_batch=args.max_batch,
+                          max_wait_ms=args.max_wait_ms, host=args.host, port=args.port,
+                          token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
+                          tls_cert=args.tls_cert, tls_key=args.tls_key)
+    versions = ", ".join(f"{pid} (version {p.version})" for pid, p in server.policies.items())
+    return _serve(server, console, f"serving {versions}" + (", following their runs" if args.follow else ""))
+
+
+def _serve(server: Any, console: Console, what: str) -> int:
+    """Run a server until Ctrl-C or SIGTERM, then stop it gracefully."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    auth = "token required" if server.server.token else "no token"
+    console.print(f"{what} on {server.address} ({auth}); Ctrl-C stops", highlight=False)
+    sys.stdout.flush()
+    stop.wait()
+    server.stop(grace=2.0)
+    console.print("stopped", highlight=False)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,6 +57,11 @@ class Config:
     """Write a checkpoint every this many environment steps (and always at the end)."""
     keep_checkpoints: int = 3
     """How many recent checkpoints to keep (the best one is kept apart)."""
+    inference: Literal["local", "central"] = "local"
+    """`local`: each runner holds a policy copy; `central`: runners send observations to
+    inference server roles that batch them into one forward pass (SEED RL style)."""
+    num_inference_servers: int = 1
+    """Inference servers with --inference central; runner i uses server i % this."""
     torch_threads: int = 1
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
     progress: bool = True
@@ -73,6 +78,7 @@ class Config:
         _check(self.checkpoint_interval >= 1, "checkpoint_interval must be positive")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
+        _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         _check(self.address is None or self.backend == "ray",

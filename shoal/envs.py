@@ -34,6 +34,8 @@ def check_env_id(env_id: str) -> None:
 
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """One Gymnasium env, with the failure of a missing optional dependency made readable."""
+    if is_remote(env_id):
+        raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
     try:
         return gym.make(env_id, render_mode=render_mode)
@@ -41,14 +43,25 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
 
 
-def make_vector_env(env_id: str, num_envs: int) -> SyncVectorEnv:
+def is_remote(env_id: str) -> bool:
+    """Whether ``env_id`` names env servers (``remote://HOST:PORT[,...][/ENV_ID]``)."""
+    return env_id.startswith("remote://")
+
+
+def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """A synchronous vector env of ``num_envs`` copies.
 
     Same-step autoreset: when an episode ends, ``step`` returns the first observation of the next
     episode and puts the last one in ``info["final_obs"]``, so a truncated episode can be
     bootstrapped from its true final state. Subprocess vector envs are ~10x slower for cheap envs
     on these machines (MEASURED.md): parallelism comes from runners instead.
+
+    A ``remote://`` id gives a RemoteVectorEnv instead: the servers decide how many envs.
     """
+    if is_remote(env_id):
+        from shoal.remote.client import RemoteVectorEnv
+
+        return RemoteVectorEnv(env_id)
     make_env(env_id).close()  # fail early, with a clear message, before building N copies
     return SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
                          autoreset_mode=AutoresetMode.SAME_STEP)
@@ -56,6 +69,12 @@ def make_vector_env(env_id: str, num_envs: int) -> SyncVectorEnv:
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one copy of ``env_id``."""
+    if is_remote(env_id):
+        from shoal.remote.client import describe
+        from shoal.remote.wire import decode_space
+
+        info = describe(env_id)
+        return decode_space(info.observation_space), decode_space(info.action_space)
     env = make_env(env_id)
     try:
         return env.observation_space, env.action_space

@@ -55,13 +55,14 @@ class RolloutSummary(NamedTuple):
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
-    def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None):
+    def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None):
         from shoal.algos import spec_for
         from shoal.envs import make_vector_env
 
         torch.set_num_threads(config.torch_threads)
         self.config, self.runner_id, self.store, self.policy_id = config, runner_id, store, policy_id
         self.replay = replay  # Ape-X: the replay shard this runner inserts into
+        self.inference = inference  # --inference central: the server that computes our actions
         self.nstep = None
         if replay is not None:  # Ape-X: transitions are built here, to compute their priorities
             from shoal.replay import NStep
@@ -91,7 +92,10 @@ class EnvRunner:
     @torch.no_grad()
     def sample(self, num_steps: int) -> Rollout:
         """Step every env ``num_steps`` times with the newest weights; return the rollout."""
-        self.sync_weights()
+        central = self.inference is not None
+        if not central:
+            self.sync_weights()
+        versions: list[int] = []
         m, env, B = self.policy, self.env, self.env.num_envs
         obs_dim = int(np.prod(env.single_observation_space.shape))
         obs = np.empty((num_steps, B, obs_dim), np.float32)
@@ -109,13 +113,19 @@ class EnvRunner:
             x = torch.as_tensor(self.obs)
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
-            xn = m.normalize(x)
-            a, logp_t = m.explore(xn, self.generator)
-            obs[t] = xn.numpy()
+            if central:  # one request per step; the server batches it with other runners'
+                xn_np, a_np, logp_np, version = self.inference.resolve(self.inference.call("explore", self.obs))
+                versions.append(version)
+                a = torch.tensor(a_np)  # a copy: Ray hands back read-only arrays
+                obs[t], logp[t] = xn_np, logp_np
+            else:
+                xn = m.normalize(x)
+                a, logp_t = m.explore(xn, self.generator)
+                obs[t] = xn.numpy()
+                logp[t] = logp_t.numpy()
             if actions is None:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
             actions[t] = a.numpy()
-            logp[t] = logp_t.numpy()
             self.obs, r, term, trunc, info = env.step(m.to_env(a))
             rewards[t], terminated[t], truncated[t] = r, term, trunc
             self.ep_return += r
@@ -130,16 +140,26 @@ class EnvRunner:
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
         final = np.asarray(final_raw, np.float32).reshape(len(final_raw), *env.single_observation_space.shape)
+        if central:  # the server holds the normaliser too
+            last_obs, final_obs = self._central_normalize(final, B, obs_dim)
+            self.version = min(versions)
+        else:
+            last_obs = m.normalize(torch.as_tensor(self.obs)).numpy()
+            final_obs = m.normalize(torch.as_tensor(final)).numpy() if len(final) else np.empty((0, obs_dim), np.float32)
         return Rollout(
             obs=obs, actions=actions, logp=logp, rewards=rewards,
-            terminated=terminated, truncated=truncated,
-            last_obs=m.normalize(torch.as_tensor(self.obs)).numpy(),
-            final_idx=np.asarray(final_idx, np.int64).reshape(-1, 2),
-            final_obs=m.normalize(torch.as_tensor(final)).numpy() if len(final) else np.empty((0, obs_dim), np.float32),
+            terminated=terminated, truncated=truncated, last_obs=last_obs,
+            final_idx=np.asarray(final_idx, np.int64).reshape(-1, 2), final_obs=final_obs,
             policy_id=self.policy_id, policy_version=self.version, runner_id=self.runner_id,
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths,
         )
+
+    def _central_normalize(self, final: np.ndarray, B: int, obs_dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """Network inputs of the last and the final observations, from the inference server."""
+        raw = np.concatenate([self.obs.reshape(B, obs_dim), final.reshape(len(final), obs_dim)]).astype(np.float32)
+        x = self.inference.resolve(self.inference.call("normalize", raw)).reshape(-1, obs_dim)
+        return x[:B], x[B:]
 
     def sample_into_replay(self, num_steps: int, max_wait_s: float = 0.05) -> RolloutSummary:
         """Ape-X: sample a rollout and insert it into this runner's replay shard directly, once the

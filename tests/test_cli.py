@@ -56,7 +56,7 @@ def test_layering_preset_file_set_and_flags(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: ddpg, dqn, ppo, sac, td3"),
+    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, ddpg, dqn, impala, ppo, sac, td3, trpo"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
     (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
     (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),
@@ -132,3 +132,17 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     code, _, err = run_cli(capsys, "train", "ppo", "--backend", "ray", "--address", "127.0.0.1:9",
                            "--run-dir", str(failed), *FAST)
     assert code == 2 and not failed.exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve-env", "Nope-v9"], "unknown environment 'Nope-v9'"),
+    (["serve-env", "CartPole-v1", "--host", "0.0.0.0"], "give it a token"),
+    (["serve-env", "CartPole-v1", "--token-file", "/nonexistent"], "cannot read token file /nonexistent"),
+    (["serve-env", "CartPole-v1", "--tls-cert", "x.pem"], "TLS needs both --tls-cert and --tls-key"),
+    (["serve-policy", "/nonexistent"], "/nonexistent does not exist"),
+    (["train", "ppo", "--env", "remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable"),
+    (["train", "ppo", "--env", "remote://nohost"], "bad env server address 'nohost'"),
+])
+def test_server_mistakes_get_one_clear_line(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and message in err, err

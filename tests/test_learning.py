@@ -80,3 +80,8 @@ def test_trpo_reaches_minus_300_on_pendulum(tmp_path):
     config = onpolicy("trpo", "Pendulum-v1", 0, stop_return=-300)
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= -300, summary
+
+
+def test_ppo_solves_cartpole_with_central_inference(tmp_path):
+    summary = shoal.train(cartpole(0, inference="central"), run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary

@@ -98,3 +98,17 @@ def test_max_policy_lag_drops_stale_rollouts_on_ray(ray_cluster):
     # With lag 0 allowed, a runner's rollout sampled while the learner moved on is dropped.
     assert metrics["learner/dropped_rollouts"] > 0
     assert metrics["learner/dropped_steps"] == 16 * metrics["learner/dropped_rollouts"]
+
+
+def test_central_inference_batches_runners_requests(ray_cluster, tiny):
+    """--inference central: runners hold no weights; one server answers both, batching them."""
+    config = tiny(backend="ray", num_env_runners=2, inference="central", rollout_steps=32)
+    with shoal.make(config) as algo:
+        for _ in range(3):
+            metrics = algo.train()
+        stats = algo.backend.get(algo.inference[0].call("stats"))
+        runner_versions = algo.backend.get([r.call("sync_weights") for r in algo.runners])
+    assert stats["requests"] == 3 * 2 * 32  # one request per runner per step
+    assert stats["batches"] < stats["requests"]  # some forward passes served both runners
+    assert stats["version"] == 2 and metrics["learner/policy_lag_max"] == 0
+    assert runner_versions == [3, 3]  # (asking a runner to sync loads weights it never needed before)

@@ -1,0 +1,162 @@
+"""Envs and policies over gRPC on loopback, as ratios against in-process limits, in one run.
+
+1. CartPole-v1, 64 envs: steps/s through one env server (`shoal serve-env`, its own process)
+   vs the same vector env in this process; random actions; p50/p99 round trip per batched step.
+2. Central inference: 32 concurrent clients (32 requests always in flight), each asking for
+   the action of one observation, against a policy server (`shoal serve-policy`, its own
+   process) that batches them (--max-batch 32, --max-wait-ms 1) vs one that runs one forward
+   per request (--max-batch 1); throughput and p50/p99 latency of each. Two policies: PPO's
+   64x64 MLP (the forward pass is cheap next to a gRPC call) and a 1024x1024 one (the forward
+   pass dominates, as for real models); saved untrained (weights do not change the cost).
+
+    .venv/bin/python benchmarks/bench_remote.py [--seconds 10] [--clients 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import machine, save
+
+SHOAL = str(Path(sys.executable).parent / "shoal")
+
+
+def start(args: list[str]) -> tuple[subprocess.Popen, str]:
+    """Start a shoal server process on a free port; returns it and its address."""
+    proc = subprocess.Popen([SHOAL, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    if " on " not in line:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line}{proc.stdout.read()}")
+    return proc, line.split(" on ")[1].split()[0]
+
+
+def env_steps(env, seconds: float) -> tuple[float, np.ndarray]:
+    """Steps per second (env steps, all envs) and per-batch latencies over ``seconds``."""
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    lat = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a = rng.integers(0, 2, env.num_envs)
+        t = time.perf_counter()
+        env.step(a)
+        lat.append(time.perf_counter() - t)
+    return len(lat) * env.num_envs / (time.perf_counter() - start), np.array(lat)
+
+
+def inference(address: str, clients: int, seconds: float) -> tuple[float, np.ndarray]:
+    """Requests per second and latencies with ``clients`` requests in flight at all times, each
+    for the action of one observation (futures, so the client's threads are not the limit)."""
+    from shoal.remote import shoal_pb2 as pb
+    from shoal.remote.policyserver import PolicyClient
+    from shoal.remote.wire import encode
+
+    client = PolicyClient(address)
+    obs = np.zeros((1, 4), np.float32)
+    for _ in range(20):
+        client.act(obs)  # warm-up
+    request = pb.ActRequest(obs=encode(obs), deterministic=True)
+    lat: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    stop = time.perf_counter() + seconds
+    active = [clients]
+
+    def send() -> None:
+        t = time.perf_counter()
+        fut = client._act.future(request, timeout=30)
+        fut.add_done_callback(lambda f, t=t: finished(f, t))
+
+    def finished(fut, t: float) -> None:
+        now = time.perf_counter()
+        fut.result()
+        with lock:
+            lat.append(now - t)
+        if now < stop:
+            send()
+        else:
+            with lock:
+                active[0] -= 1
+                if active[0] == 0:
+                    done.set()
+
+    start = time.perf_counter()
+    for _ in range(clients):
+        send()
+    done.wait()
+    elapsed = time.perf_counter() - start
+    client.close()
+    return len(lat) / elapsed, np.array(lat)
+
+
+def ms(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q) * 1000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args()
+    from shoal.envs import make_vector_env
+    from shoal.remote.client import RemoteVectorEnv
+
+    print(f"machine: {machine()}")
+    result: dict = {}
+    local_rate, local_lat = env_steps(make_vector_env("CartPole-v1", 64), args.seconds)
+    proc, address = start(["serve-env", "CartPole-v1", "--num-envs", "64"])
+    try:
+        remote = RemoteVectorEnv(f"remote://{address}")
+        remote_rate, remote_lat = env_steps(remote, args.seconds)
+        remote.close()
+    finally:
+        proc.terminate()
+        proc.wait()
+    ratio = remote_rate / local_rate
+    print(f"CartPole-v1 x 64 envs: remote {remote_rate:,.0f} steps/s, in-process {local_rate:,.0f} steps/s; "
+          f"ratio {ratio:.2f} (target >= 0.5)")
+    print(f"  round trip per batched step: p50 {ms(remote_lat, 50):.2f} ms, p99 {ms(remote_lat, 99):.2f} ms "
+          f"(in-process step p50 {ms(local_lat, 50):.2f} ms)")
+    result["env_server"] = {"remote_steps_per_s": remote_rate, "local_steps_per_s": local_rate, "ratio": ratio,
+                            "p50_ms": ms(remote_lat, 50), "p99_ms": ms(remote_lat, 99)}
+
+    import shoal
+    from shoal.algos.ppo import PPOConfig
+
+    for hidden in ((64, 64), (1024, 1024)):
+        label = "x".join(map(str, hidden))
+        with tempfile.TemporaryDirectory() as d:
+            config = PPOConfig(env="CartPole-v1", hidden_sizes=hidden, progress=False, tensorboard=False)
+            with shoal.make(config) as algo:
+                algo.save(Path(d) / "ckpt")
+            rates = {}
+            for name, batch in (("batched", args.clients), ("unbatched", 1)):
+                proc, address = start(["serve-policy", str(Path(d) / "ckpt"), "--max-batch", str(batch),
+                                       "--max-wait-ms", "1"])
+                try:
+                    rate, lat = inference(address, args.clients, args.seconds)
+                finally:
+                    proc.terminate()
+                    proc.wait()
+                rates[name] = rate
+                print(f"policy server {label}, {args.clients} clients, {name}: {rate:,.0f} requests/s; "
+                      f"latency p50 {ms(lat, 50):.2f} ms, p99 {ms(lat, 99):.2f} ms")
+                result[f"inference_{label}_{name}"] = {"requests_per_s": rate, "p50_ms": ms(lat, 50),
+                                                       "p99_ms": ms(lat, 99)}
+        ratio = rates["batched"] / rates["unbatched"]
+        print(f"central inference {label}: batched / unbatched throughput = {ratio:.2f} (target >= 4)")
+        result[f"inference_{label}_ratio"] = ratio
+    save("remote", result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""``@shoal.batched``: turn a function of a list of requests into a batched service.
+
+    class Model:
+        @shoal.batched(max_batch=64, max_wait_ms=2)
+        def infer(self, requests: list[np.ndarray]) -> list[np.ndarray]:
+            ...  # one forward pass for all of them
+
+    model.infer(obs)  # from many threads at once: each call waits for its own result
+
+Callers from any number of threads each pass one request; a worker thread per instance takes
+the first waiting request, gathers more for at most ``max_wait_ms`` (or until ``max_batch``),
+calls the function once with the list, and hands each caller its result. An exception in
+the function is raised in every caller of that batch; the service goes on with the next.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import Any, Callable
+
+
+class Batcher:
+    """The queue and worker thread behind one batched function of one instance."""
+
+    def __init__(self, fn: Callable[[list[Any]], list[Any]], max_batch: int, max_wait_ms: float):
+        self.fn, self.max_batch, self.max_wait_s = fn, max_batch, max_wait_ms / 1000.0
+        self.requests: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
+        self.sizes: list[int] = []  # batch sizes served, for metrics (bounded)
+        self.worker = threading.Thread(target=self._run, daemon=True, name="shoal-batcher")
+        self.worker.start()
+
+    def __call__(self, request: Any, timeout: float | None = None) -> Any:
+        done: Future = Future()
+        self.requests.put((request, done))
+        return done.result(timeout)
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.requests.get()]
+            deadline = time.monotonic() + self.max_wait_s
+            while len(batch) < self.max_batch:
+                left = deadline - time.monotonic()
+                try:
+                    batch.append(self.requests.get(timeout=left) if left > 0 else self.requests.get_nowait())
+                except queue.Empty:
+                    break
+            self._serve(batch)
+
+    def _serve(self, batch: list[tuple[Any, Future]]) -> None:
+        if len(self.sizes) < 100_000:
+            self.sizes.append(len(batch))
+        try:
+            results = self.fn([request for request, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"a batched function returned {len(results)} results for {len(batch)} requests")
+        except BaseException as e:  # every caller of this batch learns of it; the service goes on
+            for _, done in batch:
+                done.set_exception(e)
+            return
+        for (_, done), result in zip(batch, results):
+            done.set_result(result)
+
+
+def batched(max_batch: int = 64, max_wait_ms: float = 2.0) -> Callable[[Callable], Callable]:
+    """Decorate ``fn(self, requests: list) -> list`` (or a plain ``fn(requests)``) so that callers
+    pass one request and get one result, while ``fn`` sees them in batches."""
+    if max_batch < 1 or max_wait_ms < 0:
+        raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
+
+    def decorate(fn: Callable) -> Callable:
+        per_instance: weakref.WeakKeyDictionary[Any, Batcher] = weakref.WeakKeyDictionary()
+        lock = threading.Lock()
+        plain: list[Batcher] = []
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            if len(args) == 1:  # a plain function: one batcher for all callers
+                with lock:
+                    if not plain:
+                        plain.append(Batcher(fn, max_batch, max_wait_ms))
+                return plain[0](args[0])
+            owner, request = args
+            with lock:
+                batcher = per_instance.get(owner)
+                if batcher is None:
+                    batcher = per_instance[owner] = Batcher(functools.partial(fn, owner), max_batch, max_wait_ms)
+            return batcher(request)
+
+        call.batchers = per_instance  # type: ignore[attr-defined]  (for metrics and tests)
+        call.plain = plain  # type: ignore[attr-defined]
+        return call
+
+    return decorate

@@ -1,0 +1,1 @@
+"""Environments and policies across the network over gRPC (``proto/shoal.proto``)."""

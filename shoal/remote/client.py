@@ -1,0 +1,248 @@
+"""RemoteVectorEnv: a Gymnasium vector env whose envs live on one or more env servers.
+
+``--env remote://HOST:PORT[,HOST:PORT...][/ENV_ID]`` makes every runner (and the evaluator)
+open a session on each server; the vector env is their envs side by side, stepped with one
+concurrent request per server. The token comes from ``SHOAL_TOKEN`` or the file named by
+``SHOAL_TOKEN_FILE``; ``SHOAL_TLS_CA`` names a CA certificate to connect with TLS.
+
+When a server stops answering (restarted, network cut), the client reopens a session with
+backoff for up to ``reconnect_s``: that server's envs start new episodes, the step reports
+their episodes as truncated at the last observation seen (counted in ``dropped_episodes``),
+and training goes on. A server still down after ``reconnect_s`` fails the run, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from shoal.errors import ShoalError
+from shoal.remote import shoal_pb2 as pb
+from shoal.remote.wire import decode, decode_space, encode
+
+SCHEME = "remote://"
+RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED,
+               grpc.StatusCode.INTERNAL)
+
+
+def parse_url(url: str) -> tuple[list[str], str]:
+    """``remote://h1:p1,h2:p2/EnvId`` -> (["h1:p1", "h2:p2"], "EnvId"); env id may be empty."""
+    if not url.startswith(SCHEME):
+        raise ShoalError(f"not a remote env: {url!r} (expected remote://HOST:PORT[,HOST:PORT...][/ENV_ID])")
+    hosts, _, env_id = url[len(SCHEME):].partition("/")
+    addresses = [a.strip() for a in hosts.split(",") if a.strip()]
+    for a in addresses:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ShoalError(f"bad env server address {a!r} in {url!r}: expected HOST:PORT")
+    if not addresses:
+        raise ShoalError(f"no env server address in {url!r}")
+    return addresses, env_id
+
+
+def client_token() -> str | None:
+    """The bearer token for shoal's servers, from SHOAL_TOKEN or SHOAL_TOKEN_FILE."""
+    if os.environ.get("SHOAL_TOKEN"):
+        return os.environ["SHOAL_TOKEN"].strip()
+    path = os.environ.get("SHOAL_TOKEN_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as e:
+            raise ShoalError(f"cannot read SHOAL_TOKEN_FILE {path}: {e.strerror}") from None
+    return None
+
+
+def open_channel(address: str, max_message_bytes: int = 16 << 20) -> grpc.Channel:
+    """A channel to ``address``, with TLS when SHOAL_TLS_CA names a CA certificate."""
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes)]
+    ca = os.environ.get("SHOAL_TLS_CA")
+    if ca:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(Path(ca).read_bytes()), options=options)
+    return grpc.insecure_channel(address, options=options)
+
+
+class Connection:
+    """Calls to one server's EnvService."""
+
+    def __init__(self, address: str, token: str | None, timeout_s: float):
+        self.address, self.timeout_s = address, timeout_s
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.channel = open_channel(address)
+        self.calls = {name: self.channel.unary_unary(
+            f"/shoal.v1.EnvService/{name}", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=reply.FromString) for name, reply in (
+                ("Describe", pb.EnvInfo), ("Open", pb.OpenReply), ("Reset", pb.ResetReply),
+                ("Step", pb.StepReply), ("Close", pb.CloseReply))}
+
+    def __call__(self, name: str, request: Any) -> Any:
+        return self.calls[name](request, timeout=self.timeout_s, metadata=self.metadata)
+
+    def future(self, name: str, request: Any) -> Any:
+        return self.calls[name].future(request, timeout=self.timeout_s, metadata=self.metadata)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def describe(url: str, timeout_s: float = 10.0) -> pb.EnvInfo:
+    """What the first server of ``url`` serves (spaces, envs per session)."""
+    addresses, env_id = parse_url(url)
+    conn = Connection(addresses[0], client_token(), timeout_s)
+    try:
+        return _fail_clearly(addresses[0], lambda: conn("Describe", pb.DescribeRequest(env_id=env_id)))
+    finally:
+        conn.close()
+
+
+def _fail_clearly(address: str, fn: Any) -> Any:
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        raise ShoalError(f"env server {address}: {_describe_error(e)}") from None
+
+
+def _describe_error(e: grpc.RpcError) -> str:
+    code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "unreachable (is `shoal serve-env` running there?)"
+    return f"{code.name}: {e.details()}"
+
+
+class RemoteVectorEnv(gym.vector.VectorEnv):
+    """The envs of one or more env servers as one vector env (same-step autoreset)."""
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def __init__(self, url: str, *, timeout_s: float = 10.0, reconnect_s: float = 30.0):
+        self.url, self.timeout_s, self.reconnect_s = url, timeout_s, reconnect_s
+        self.addresses, self.env_id = parse_url(url)
+        token = client_token()
+        self.conns = [Connection(a, token, timeout_s) for a in self.addresses]
+        self.sessions: list[str] = []
+        self.sizes: list[int] = []
+        infos = []
+        for conn in self.conns:
+            reply = _fail_clearly(conn.address, lambda: conn("Open", pb.OpenRequest(env_id=self.env_id)))
+            self.sessions.append(reply.session)
+            self.sizes.append(reply.info.num_envs)
+            infos.append(reply.info)
+        first = infos[0]
+        for conn, info in zip(self.conns, infos):
+            if (info.observation_space, info.action_space) != (first.observation_space, first.action_space):
+                raise ShoalError(f"env server {conn.address} serves {info.env_id!r} with other spaces than "
+                                 f"{self.conns[0].address} ({first.env_id!r})")
+        self.spec_id = first.env_id
+        self.num_envs = sum(self.sizes)
+        self.single_observation_space = decode_space(first.observation_space)
+        self.single_action_space = decode_space(first.action_space)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.bounds = np.cumsum([0, *self.sizes])
+        self.last_obs: np.ndarray | None = None
+        self.reconnects = 0
+        self.dropped_episodes = 0
+
+    # -- Gymnasium API -----------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        replies = [self._retrying(i, "Reset", lambda i=i: self._reset_request(i, seed)) for i in range(len(self.conns))]
+        obs = np.concatenate([decode(r.obs) for r in replies])
+        self.last_obs = obs
+        return obs.copy(), {}
+
+    def _reset_request(self, i: int, seed: int | None) -> pb.ResetRequest:
+        req = pb.ResetRequest(session=self.sessions[i])
+        if seed is not None:
+            req.seed = int(seed) + int(self.bounds[i])  # env k of the whole vector gets seed + k
+        return req
+
+    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        actions = np.asarray(actions)
+        pending = [conn.future("Step", pb.StepRequest(session=self.sessions[i],
+                                                      actions=encode(actions[self.bounds[i]:self.bounds[i + 1]])))
+                   for i, conn in enumerate(self.conns)]
+        parts = []
+        for i, fut in enumerate(pending):
+            try:
+                r = fut.result()
+                parts.append((decode(r.obs), decode(r.rewards), decode(r.terminated), decode(r.truncated),
+                              decode(r.final_obs)))
+            except grpc.RpcError as e:
+                if e.code() not in RETRY_CODES:
+                    raise ShoalError(f"env server {self.conns[i].address}: {_describe_error(e)}") from None
+                parts.append(self._recover(i, e))
+        obs, rewards, terminated, truncated, final = (np.concatenate(x) for x in zip(*parts))
+        done = terminated | truncated
+        info: dict[str, Any] = {}
+        if done.any():
+            info["final_obs"] = np.array(list(final), dtype=object)
+            info["_final_obs"] = done
+        self.last_obs = obs
+        return obs.copy(), rewards.astype(np.float64), terminated.copy(), truncated.copy(), info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for conn, session in zip(self.conns, self.sessions):
+            try:
+                conn("Close", pb.CloseRequest(session=session))
+            except grpc.RpcError:
+                pass  # the server is gone or the session expired: nothing to release
+            conn.close()
+
+    # -- failures ------------------------------------------------------------------------------
+    def _recover(self, i: int, error: grpc.RpcError) -> tuple[np.ndarray, ...]:
+        """Server ``i`` failed a step: reopen a session and start new episodes there; the old
+        ones end here, truncated at the last observation seen."""
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        reply = self._reopen(i, error)
+        n = hi - lo
+        self.reconnects += 1
+        self.dropped_episodes += n
+        last = self.last_obs[lo:hi] if self.last_obs is not None else decode(reply.obs)
+        return (decode(reply.obs), np.zeros(n), np.zeros(n, bool), np.ones(n, bool), np.array(last))
+
+    def _reopen(self, i: int, error: grpc.RpcError) -> pb.ResetReply:
+        conn = self.conns[i]
+        deadline = time.monotonic() + self.reconnect_s
+        delay = 0.1
+        while True:
+            try:
+                reply = conn("Open", pb.OpenRequest(env_id=self.env_id))
+                self.sessions[i] = reply.session
+                return conn("Reset", pb.ResetRequest(session=reply.session))
+            except grpc.RpcError as e:
+                error = e
+                if e.code() not in RETRY_CODES and e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise ShoalError(f"env server {conn.address}: {_describe_error(e)}") from None
+            if time.monotonic() + delay > deadline:
+                raise ShoalError(f"env server {conn.address} did not come back within {self.reconnect_s:g} s: "
+                                 f"{_describe_error(error)}")
+            time.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+    def _retrying(self, i: int, name: str, request: Any) -> Any:
+        """A call to server ``i`` that reopens the session once if the server lost it."""
+        try:
+            return self.conns[i](name, request())
+        except grpc.RpcError as e:
+            if e.code() not in RETRY_CODES:
+                raise ShoalError(f"env server {self.conns[i].address}: {_describe_error(e)}") from None
+            self._reopen(i, e)
+            self.reconnects += 1
+            return _fail_clearly(self.conns[i].address, lambda: self.conns[i](name, request()))
+
+    # -- checkpoints: a remote env is reconnected, not copied --------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "timeout_s": self.timeout_s, "reconnect_s": self.reconnect_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], timeout_s=state["timeout_s"], reconnect_s=state["reconnect_s"])
+        self.reset()

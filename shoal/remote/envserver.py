@@ -1,0 +1,171 @@
+"""The env server: N copies of a Gymnasium env per client session, stepped as one batch.
+
+``shoal serve-env CartPole-v1 --num-envs 16`` serves them on 127.0.0.1; trainers connect with
+``--env remote://HOST:PORT`` (:class:`shoal.remote.client.RemoteVectorEnv`), and clients in any
+language with ``proto/shoal.proto``. Each session owns its envs; idle sessions (a client that
+vanished) are closed after ``session_timeout_s``; at most ``max_sessions`` exist at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+import numpy as np
+
+from shoal.envs import make_vector_env
+from shoal.errors import ShoalError
+from shoal.remote import shoal_pb2 as pb
+from shoal.remote.server import Abort, GrpcServer, log
+from shoal.remote.wire import check_actions, decode, encode, encode_info, encode_space
+
+SERVICE = "shoal.v1.EnvService"
+
+
+class Session:
+    """One client's vector env."""
+
+    def __init__(self, env_id: str, num_envs: int):
+        self.env_id = env_id
+        self.env = make_vector_env(env_id, num_envs)
+        self.lock = threading.Lock()
+        self.last_used = time.monotonic()
+        self.needs_reset = True
+
+
+class EnvServer:
+    """Hosts sessions of ``env_id`` (or of the ``allow``-ed ids a client asks for)."""
+
+    def __init__(self, env_id: str, num_envs: int = 8, *, allow: tuple[str, ...] = (), max_sessions: int = 16,
+                 session_timeout_s: float = 300.0, **server_options: Any):
+        if num_envs < 1:
+            raise ShoalError("--num-envs must be at least 1")
+        self.env_id, self.num_envs = env_id, num_envs
+        self.allowed = {env_id, *allow}
+        self.info: dict[str, pb.EnvInfo] = {}
+        for eid in sorted(self.allowed):  # every allowed id must build, before serving anything
+            env = make_vector_env(eid, 1)
+            self.info[eid] = pb.EnvInfo(env_id=eid, num_envs=num_envs,
+                                        observation_space=encode_space(env.single_observation_space),
+                                        action_space=encode_space(env.single_action_space))
+            env.close()
+        self.max_sessions, self.session_timeout_s = max_sessions, session_timeout_s
+        self.sessions: dict[str, Session] = {}
+        self.lock = threading.Lock()
+        self.server = GrpcServer(SERVICE, {
+            "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
+            "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
+            "Close": (self.close, pb.CloseRequest)}, **server_options)
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def start(self) -> "EnvServer":
+        self.server.start()
+        self._reaper.start()
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self._stop.set()
+        self.server.stop(grace)
+        with self.lock:
+            for s in self.sessions.values():
+                s.env.close()
+            self.sessions.clear()
+
+    def wait(self) -> None:
+        self.server.wait()
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(min(5.0, self.session_timeout_s / 4)):
+            self.reap()
+
+    def reap(self) -> int:
+        """Close sessions idle for longer than the timeout; returns how many."""
+        now = time.monotonic()
+        with self.lock:
+            idle = [k for k, s in self.sessions.items() if now - s.last_used > self.session_timeout_s]
+            closed = [self.sessions.pop(k) for k in idle]
+        for s in closed:
+            s.env.close()
+        if closed:
+            log.info("closed %d idle session(s)", len(closed))
+        return len(closed)
+
+    # -- handlers -----------------------------------------------------------------------------
+    def _env_id(self, requested: str) -> str:
+        env_id = requested or self.env_id
+        if env_id not in self.allowed:
+            raise Abort(grpc.StatusCode.NOT_FOUND,
+                        f"environment {env_id[:100]!r} is not served here; served: {', '.join(sorted(self.allowed))}")
+        return env_id
+
+    def _session(self, key: str) -> Session:
+        with self.lock:
+            s = self.sessions.get(key)
+        if s is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND, "unknown or expired session: open a new one")
+        s.last_used = time.monotonic()
+        return s
+
+    def describe(self, req: pb.DescribeRequest, context: Any) -> pb.EnvInfo:
+        return self.info[self._env_id(req.env_id)]
+
+    def open(self, req: pb.OpenRequest, context: Any) -> pb.OpenReply:
+        env_id = self._env_id(req.env_id)
+        with self.lock:
+            full = len(self.sessions) >= self.max_sessions
+        if full and not self.reap():
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"server holds its maximum of {self.max_sessions} sessions; close one or retry later")
+        key = uuid.uuid4().hex
+        session = Session(env_id, self.num_envs)
+        with self.lock:
+            self.sessions[key] = session
+        return pb.OpenReply(session=key, info=self.info[env_id])
+
+    def reset(self, req: pb.ResetRequest, context: Any) -> pb.ResetReply:
+        s = self._session(req.session)
+        with s.lock:
+            obs, info = self._call(req.session, s, lambda: s.env.reset(seed=req.seed if req.HasField("seed") else None))
+            s.needs_reset = False
+        return pb.ResetReply(obs=encode(obs), info=encode_info(info, self.num_envs))
+
+    def step(self, req: pb.StepRequest, context: Any) -> pb.StepReply:
+        s = self._session(req.session)
+        actions = check_actions(s.env.single_action_space, decode(req.actions), self.num_envs)
+        with s.lock:
+            if s.needs_reset:
+                raise Abort(grpc.StatusCode.FAILED_PRECONDITION, "call Reset before the first Step")
+            obs, rewards, terminated, truncated, info = self._call(req.session, s, lambda: s.env.step(actions))
+        final = np.zeros_like(obs)
+        done = terminated | truncated
+        for b in np.flatnonzero(done):
+            final[b] = info["final_obs"][b]
+        return pb.StepReply(obs=encode(obs), rewards=encode(np.asarray(rewards, np.float64)),
+                            terminated=encode(np.asarray(terminated, bool)), truncated=encode(np.asarray(truncated, bool)),
+                            final_obs=encode(final), info=encode_info(info, self.num_envs))
+
+    def close(self, req: pb.CloseRequest, context: Any) -> pb.CloseReply:
+        with self.lock:
+            s = self.sessions.pop(req.session, None)
+        if s is not None:
+            s.env.close()
+        return pb.CloseReply()
+
+    def _call(self, key: str, s: Session, fn: Any) -> Any:
+        """Run an env call; an env that raises loses its session (the client reopens), nothing else."""
+        try:
+            return fn()
+        except Exception as e:  # the env's own failure: report it, keep serving everyone else
+            with self.lock:
+                self.sessions.pop(key, None)
+            s.env.close()
+            raise Abort(grpc.StatusCode.INTERNAL, f"the environment raised {type(e).__name__}: {str(e)[:200]}") from e

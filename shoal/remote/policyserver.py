@@ -1,0 +1,163 @@
+"""The policy server: external simulators send observations and get actions back.
+
+``shoal serve-policy RUN_DIR`` serves a trained policy over gRPC (``PolicyService`` in
+``proto/shoal.proto``). Requests from many clients are gathered by ``@shoal.batched`` into one
+forward pass per policy (bounded by ``max_batch`` requests and ``max_wait_ms``); several
+policies are served by id; with ``follow`` the server watches run directories and swaps in each
+newer checkpoint, and every reply names the version that computed it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from shoal import checkpoint as ckpt
+from shoal.batching import batched
+from shoal.errors import ShoalError
+from shoal.policy import Policy
+from shoal.remote import shoal_pb2 as pb
+from shoal.remote.server import Abort, GrpcServer, log
+from shoal.remote.wire import WireError, decode, encode, encode_space
+
+SERVICE = "shoal.v1.PolicyService"
+
+
+class PolicyServer:
+    """Serves policies by id; ``sources`` maps each id to a run directory or checkpoint."""
+
+    def __init__(self, sources: dict[str, str | Path], *, follow: bool = False, poll_s: float = 1.0,
+                 max_batch: int = 64, max_wait_ms: float = 2.0, **server_options: Any):
+        from shoal.algorithm import load_policy
+
+        if not sources:
+            raise ShoalError("name at least one run directory or checkpoint to serve")
+        self.sources = {pid: Path(p) for pid, p in sources.items()}
+        self.policies: dict[str, Policy] = {pid: load_policy(p) for pid, p in self.sources.items()}
+        self.default = next(iter(self.policies))
+        self.lock = threading.Lock()
+        self.max_batch = max_batch
+        self.infer = batched(max_batch, max_wait_ms)(self._infer_batch)  # one batcher per server
+        self.server = GrpcServer(SERVICE, {"Describe": (self.describe, pb.PolicyRequest),
+                                           "Act": (self.act, pb.ActRequest)}, **server_options)
+        self.follow, self.poll_s = follow, poll_s
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def start(self) -> "PolicyServer":
+        self.server.start()
+        if self.follow:
+            self._watcher.start()
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self._stop.set()
+        self.server.stop(grace)
+
+    def wait(self) -> None:
+        self.server.wait()
+
+    # -- hot swap -----------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.refresh()
+
+    def refresh(self) -> list[str]:
+        """Load newer checkpoints of the followed sources; returns the ids that changed."""
+        from shoal.algorithm import load_policy
+
+        changed = []
+        for pid, source in self.sources.items():
+            try:
+                path = ckpt.resolve(source)
+                version = ckpt.read_meta(path)["policy_version"]
+                if version > self.policies[pid].version:
+                    policy = load_policy(path)
+                    with self.lock:
+                        self.policies[pid] = policy
+                    changed.append(pid)
+                    log.info("policy %s: now version %d from %s", pid, version, path)
+            except (ShoalError, OSError, KeyError) as e:  # a run mid-write, or gone: keep serving what we have
+                log.warning("policy %s: cannot follow %s: %s", pid, source, e)
+        return changed
+
+    # -- handlers -------------------------------------------------------------------------------
+    def _policy(self, policy_id: str) -> Policy:
+        with self.lock:
+            policy = self.policies.get(policy_id or self.default)
+        if policy is None:
+            raise Abort(grpc.StatusCode.NOT_FOUND,
+                        f"no policy {policy_id[:100]!r}; served: {', '.join(sorted(self.policies))}")
+        return policy
+
+    def describe(self, req: pb.PolicyRequest, context: Any) -> pb.PolicyInfo:
+        policy = self._policy(req.policy_id)
+        return pb.PolicyInfo(policy_id=req.policy_id or self.default, version=policy.version,
+                             observation_space=encode_space(policy.observation_space),
+                             action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies))
+
+    def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
+        policy = self._policy(req.policy_id)
+        obs = decode(req.obs)
+        shape = policy.observation_space.shape
+        if obs.ndim != len(shape) + 1 or obs.shape[1:] != shape or obs.shape[0] < 1:
+            raise WireError(f"obs must have shape [n, {', '.join(map(str, shape))}], got {list(obs.shape)}")
+        if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
+            raise WireError("obs must be finite numbers")
+        actions, version = self.infer((policy, obs, req.deterministic))
+        return pb.ActReply(actions=encode(actions), version=version)
+
+    def _infer_batch(self, requests: list[tuple[Policy, np.ndarray, bool]]) -> list[tuple[np.ndarray, int]]:
+        """One forward pass per (policy, mode) for every request gathered."""
+        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
+        for i, (policy, _, deterministic) in enumerate(requests):
+            groups[(id(policy), deterministic)].append(i)
+        out: list[Any] = [None] * len(requests)
+        for (_, deterministic), idx in groups.items():
+            policy = requests[idx[0]][0]
+            obs = np.concatenate([requests[i][1] for i in idx]).astype(np.float32, copy=False)
+            with torch.no_grad():
+                actions = policy.act(obs, deterministic=deterministic)
+            bounds = np.cumsum([0] + [len(requests[i][1]) for i in idx])
+            for k, i in enumerate(idx):
+                out[i] = (np.asarray(actions[bounds[k]:bounds[k + 1]]), policy.version)
+        return out
+
+
+class PolicyClient:
+    """Python client of a policy server: ``client.act(obs) -> (actions, version)``."""
+
+    def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0):
+        from shoal.remote.client import client_token, open_channel
+
+        token = token if token is not None else client_token()
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.timeout_s = timeout_s
+        self.channel = open_channel(address)
+        self._act = self.channel.unary_unary("/shoal.v1.PolicyService/Act",
+                                             request_serializer=lambda m: m.SerializeToString(),
+                                             response_deserializer=pb.ActReply.FromString)
+        self._describe = self.channel.unary_unary("/shoal.v1.PolicyService/Describe",
+                                                  request_serializer=lambda m: m.SerializeToString(),
+                                                  response_deserializer=pb.PolicyInfo.FromString)
+
+    def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
+        reply = self._act(pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic),
+                          timeout=self.timeout_s, metadata=self.metadata)
+        return np.array(decode(reply.actions)), reply.version
+
+    def describe(self, policy_id: str = "") -> pb.PolicyInfo:
+        return self._describe(pb.PolicyRequest(policy_id=policy_id), timeout=self.timeout_s, metadata=self.metadata)
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,112 @@
+"""Arrays and spaces on the wire (``proto/shoal.proto``): raw bytes with a dtype and a shape.
+
+Decoding never unpickles and checks everything it is given: a dtype from a fixed list, a
+shape of sane rank and size, and a byte count that matches. What fails raises
+:class:`WireError`, which servers turn into INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from shoal.remote import shoal_pb2 as pb
+
+DTYPES = {name: np.dtype(name).newbyteorder("<") for name in (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "bool")}
+MAX_RANK = 8
+
+
+class WireError(ValueError):
+    """A message that does not describe a valid array or space."""
+
+
+def encode(x: np.ndarray) -> pb.Array:
+    """An array as a message (little-endian, C order)."""
+    x = np.asarray(x)
+    if x.dtype.name not in DTYPES:
+        raise WireError(f"cannot send dtype {x.dtype}")
+    return pb.Array(dtype=x.dtype.name, shape=x.shape, data=np.ascontiguousarray(x, DTYPES[x.dtype.name]).tobytes())
+
+
+def decode(msg: pb.Array, max_elements: int = 1 << 26) -> np.ndarray:
+    """The array a message describes (a read-only view of its bytes), or :class:`WireError`."""
+    dtype = DTYPES.get(msg.dtype)
+    if dtype is None:
+        raise WireError(f"unknown dtype {msg.dtype[:32]!r}; expected one of {', '.join(DTYPES)}")
+    shape = tuple(msg.shape)
+    if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+        raise WireError(f"invalid shape {shape[:MAX_RANK + 1]}")
+    count = 1
+    for d in shape:
+        count *= d
+        if count > max_elements:
+            raise WireError(f"array of shape {shape} is larger than {max_elements} elements")
+    if len(msg.data) != count * dtype.itemsize:
+        raise WireError(f"{len(msg.data)} bytes do not hold a {msg.dtype} array of shape {shape}")
+    return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
+
+
+def encode_space(space: gym.Space) -> pb.Space:
+    """A Gymnasium space as a message."""
+    if isinstance(space, gym.spaces.Box):
+        return pb.Space(kind="box", shape=space.shape, dtype=space.dtype.name, low=encode(space.low),
+                        high=encode(space.high))
+    if isinstance(space, gym.spaces.Discrete):
+        return pb.Space(kind="discrete", shape=(), dtype=space.dtype.name, n=int(space.n), start=int(space.start))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return pb.Space(kind="multi_discrete", shape=space.shape, dtype=space.dtype.name, nvec=encode(space.nvec))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return pb.Space(kind="multi_binary", shape=space.shape, dtype=space.dtype.name)
+    raise WireError(f"cannot describe a {type(space).__name__} space")
+
+
+def decode_space(msg: pb.Space) -> gym.Space:
+    """The Gymnasium space a message describes."""
+    if msg.kind == "box":
+        return gym.spaces.Box(decode(msg.low), decode(msg.high), dtype=DTYPES[msg.dtype])
+    if msg.kind == "discrete":
+        return gym.spaces.Discrete(msg.n, start=msg.start)
+    if msg.kind == "multi_discrete":
+        return gym.spaces.MultiDiscrete(decode(msg.nvec))
+    if msg.kind == "multi_binary":
+        return gym.spaces.MultiBinary(list(msg.shape))
+    raise WireError(f"unknown space kind {msg.kind[:32]!r}")
+
+
+def check_actions(space: gym.Space, actions: np.ndarray, num_envs: int) -> np.ndarray:
+    """``actions`` [num_envs, *shape] if they fit ``space`` (dtype kind, shape, bounds), else WireError."""
+    shape = (num_envs, *space.shape)
+    if actions.shape != shape:
+        raise WireError(f"actions must have shape {shape}, got {actions.shape}")
+    if isinstance(space, gym.spaces.Box):
+        if actions.dtype.kind != "f":
+            raise WireError(f"actions must be floating point for a box space, got {actions.dtype}")
+        if not np.all(np.isfinite(actions)):
+            raise WireError("actions must be finite")
+        if np.any(actions < space.low) or np.any(actions > space.high):
+            raise WireError(f"actions out of bounds [{space.low.min()}, {space.high.max()}]")
+        return actions.astype(space.dtype)
+    if actions.dtype.kind not in "iub":
+        raise WireError(f"actions must be integers for a {type(space).__name__} space, got {actions.dtype}")
+    if isinstance(space, gym.spaces.Discrete):
+        lo, hi = space.start, space.start + space.n - 1
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        lo, hi = 0, space.nvec - 1
+    else:
+        lo, hi = 0, 1
+    if np.any(actions < lo) or np.any(actions > hi):
+        raise WireError(f"actions out of bounds [{np.min(lo)}, {np.max(hi)}]")
+    return actions.astype(space.dtype)
+
+
+def encode_info(info: dict, num_envs: int) -> dict[str, pb.Array]:
+    """The numeric per-env entries of a vector env's info dict (others are not sent)."""
+    out = {}
+    for key, value in info.items():
+        if key in ("final_obs", "final_info") or key.startswith("_"):
+            continue
+        if isinstance(value, np.ndarray) and value.dtype.name in DTYPES and value.shape[:1] == (num_envs,):
+            out[key] = encode(value)
+    return out

@@ -1,0 +1,133 @@
+"""Policy server: same actions as policy.act across batch sizes, batching, hot swap, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import shoal
+from shoal.remote.policyserver import PolicyClient, PolicyServer
+
+
+def make_checkpoint(path, env="CartPole-v1", iterations=1, tiny=None):
+    config = tiny(env=env, normalize_obs=True)
+    with shoal.make(config) as algo:
+        for _ in range(iterations):
+            algo.train()
+        algo.save(path)
+    return shoal.load_policy(path)
+
+
+def test_batched_decorator_gathers_concurrent_calls():
+    seen = []
+
+    class Doubler:
+        @shoal.batched(max_batch=8, max_wait_ms=50)
+        def double(self, xs):
+            seen.append(len(xs))
+            return [2 * x for x in xs]
+
+    d = Doubler()
+    results = [None] * 20
+    barrier = threading.Barrier(20)
+
+    def call(i):
+        barrier.wait()
+        results[i] = d.double(i)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [2 * i for i in range(20)]
+    assert max(seen) == 8 and sum(seen) == 20 and len(seen) < 20  # gathered, and bounded by max_batch
+
+
+def test_batched_errors_reach_every_caller_of_the_batch_and_the_service_goes_on():
+    @shoal.batched(max_batch=4, max_wait_ms=1)
+    def fragile(xs):
+        if any(x < 0 for x in xs):
+            raise ValueError("negative")
+        return xs
+
+    with pytest.raises(ValueError, match="negative"):
+        fragile(-1)
+    assert fragile(3) == 3
+
+
+def test_served_actions_equal_policy_act_across_batch_sizes(tmp_path, tiny):
+    for env in ("CartPole-v1", "Pendulum-v1"):
+        policy = make_checkpoint(tmp_path / env, env=env, tiny=tiny)
+        server = PolicyServer({"default": tmp_path / env}, port=0, max_batch=16, max_wait_ms=5).start()
+        client = PolicyClient(server.address)
+        try:
+            rng = np.random.default_rng(0)
+            obs = rng.normal(size=(64, *policy.observation_space.shape)).astype(np.float32)
+            expected = policy.act(obs, deterministic=True)
+            for size in (1, 3, 16, 64):
+                got = np.concatenate([client.act(obs[i:i + size])[0] for i in range(0, 64, size)])
+                np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+            # many clients at once: batched into shared forward passes, each gets its own rows
+            out = [None] * 32
+
+            def one(i):
+                out[i] = client.act(obs[2 * i: 2 * i + 2])[0]
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            np.testing.assert_allclose(np.concatenate(out), expected, rtol=1e-6, atol=1e-6)
+            assert max(server.infer.plain[0].sizes) > 1  # some forward passes served several clients
+        finally:
+            client.close()
+            server.stop(grace=0)
+
+
+def test_several_policies_by_id_and_clear_errors(tmp_path, tiny):
+    make_checkpoint(tmp_path / "cart", tiny=tiny)
+    make_checkpoint(tmp_path / "pend", env="Pendulum-v1", tiny=tiny)
+    server = PolicyServer({"cart": tmp_path / "cart", "pend": tmp_path / "pend"}, port=0).start()
+    client = PolicyClient(server.address)
+    try:
+        assert client.describe("pend").policy_ids == ["cart", "pend"]
+        assert client.act(np.zeros((2, 3), np.float32), policy_id="pend")[0].shape == (2, 1)
+        assert client.act(np.zeros((2, 4), np.float32), policy_id="cart")[0].shape == (2,)
+        for obs, pid, code in [(np.zeros((2, 4), np.float32), "nope", grpc.StatusCode.NOT_FOUND),
+                               (np.zeros((2, 5), np.float32), "cart", grpc.StatusCode.INVALID_ARGUMENT),
+                               (np.full((1, 4), np.inf, np.float32), "cart", grpc.StatusCode.INVALID_ARGUMENT)]:
+            with pytest.raises(grpc.RpcError) as e:
+                client.act(obs, policy_id=pid)
+            assert e.value.code() == code and e.value.details()
+        assert client.act(np.zeros((1, 4), np.float32), policy_id="cart")[0].shape == (1,)  # still serving
+    finally:
+        client.close()
+        server.stop(grace=0)
+
+
+def test_follow_hot_swaps_to_newer_checkpoints(tmp_path, tiny):
+    config = tiny(total_steps=2048, checkpoint_interval=512)
+    run = tmp_path / "run"
+    with shoal.make(config) as algo:
+        algo.train()
+        algo.save(run / "checkpoints" / "ckpt_000000001")
+        server = PolicyServer({"default": run}, port=0, follow=True, poll_s=0.05).start()
+        client = PolicyClient(server.address)
+        try:
+            assert client.act(np.zeros((1, 4), np.float32))[1] == 1
+            for _ in range(3):
+                algo.train()
+            algo.save(run / "checkpoints" / "ckpt_000000004")
+            deadline = time.monotonic() + 10
+            while client.act(np.zeros((1, 4), np.float32))[1] != 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert client.act(np.zeros((1, 4), np.float32))[1] == 4
+        finally:
+            client.close()
+            server.stop(grace=0)

