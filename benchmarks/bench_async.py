@@ -17,12 +17,9 @@ runners (--runners, default 2), in one process each, one after the other:
 from __future__ import annotations
 
 import argparse
-import csv
-import tempfile
 import time
-from pathlib import Path
 
-from common import machine, median, save
+from common import machine, median, save, shoal_time_to
 
 TARGET = 475.0
 
@@ -55,16 +52,8 @@ def throughput(algo: str, runners: int, steps: int, **sets) -> dict[str, float]:
 
 
 def time_to_target(algo: str, runners: int, seed: int) -> tuple[float, int]:
-    import shoal
-
-    config = config_for(algo, runners, seed, stop_return=TARGET, eval_interval=4096, eval_episodes=10)
-    with tempfile.TemporaryDirectory() as d:
-        summary = shoal.train(config, run_dir=d)
-        if not summary["solved"]:
-            return float("nan"), summary["env_steps"]
-        with open(Path(d) / "eval.csv", newline="") as f:
-            row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= TARGET)
-        return float(row["time/wall_s"]), int(row["env_steps"])
+    return shoal_time_to(config_for(algo, runners, seed, stop_return=TARGET, eval_interval=4096, eval_episodes=10),
+                         TARGET)
 
 
 def main() -> None:

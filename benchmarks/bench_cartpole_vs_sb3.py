@@ -15,33 +15,24 @@ that evaluation). A run that does not reach 475 within the budget counts as not 
 from __future__ import annotations
 
 import argparse
-import csv
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from common import machine, median, save
+from common import machine, median, save, shoal_time_to
 
 EVAL_EVERY, EVAL_EPISODES, TARGET, BUDGET = 2048, 10, 475.0, 100_000
 
 
 def run_shoal(seed: int) -> tuple[float, int, bool]:
-    import shoal
     from shoal.algos.ppo import PPOConfig
     from shoal.config import build
 
     config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
         "seed": seed, "total_steps": BUDGET, "stop_return": TARGET, "eval_interval": EVAL_EVERY,
         "eval_episodes": EVAL_EPISODES, "progress": False, "tensorboard": False})
-    with tempfile.TemporaryDirectory() as d:
-        summary = shoal.train(config, run_dir=d)
-        if not summary["solved"]:
-            return float("nan"), summary["env_steps"], False
-        with open(Path(d) / "eval.csv", newline="") as f:
-            solved = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= TARGET)
-        return float(solved["time/wall_s"]), int(solved["env_steps"]), True
+    seconds, steps = shoal_time_to(config, TARGET)
+    return seconds, steps, seconds == seconds  # NaN when not solved
 
 
 def run_sb3(seed: int) -> tuple[float, int, bool]:

@@ -14,15 +14,12 @@ reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns
 from __future__ import annotations
 
 import argparse
-import csv
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import machine, median, save
+from common import machine, median, save, shoal_time_to
 
 
 def shoal_updates_per_s(threads: int, n: int = 300) -> float:
@@ -57,21 +54,13 @@ def sb3_updates_per_s(threads: int, n: int = 300) -> float:
     return n / (time.perf_counter() - start)
 
 
-def shoal_time_to(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int) -> tuple[float, int]:
-    import shoal
+def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int) -> tuple[float, int]:
     from shoal.algos import get
     from shoal.config import build
 
-    config = build(get(algo).config_cls, algo, env=env, sets={
+    return shoal_time_to(build(get(algo).config_cls, algo, env=env, sets={
         "seed": seed, "stop_return": target, "eval_interval": eval_every, "eval_episodes": 10,
-        "progress": False, "tensorboard": False, "torch_threads": threads})
-    with tempfile.TemporaryDirectory() as d:
-        summary = shoal.train(config, run_dir=d)
-        if not summary["solved"]:
-            return float("nan"), summary["env_steps"]
-        with open(Path(d) / "eval.csv", newline="") as f:
-            row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= target)
-        return float(row["time/wall_s"]), int(row["env_steps"])
+        "progress": False, "tensorboard": False, "torch_threads": threads}), target)
 
 
 def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int) -> tuple[float, int]:
@@ -116,7 +105,7 @@ def main() -> None:
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
         rows = []
         for seed in args.seeds:
-            s_t, s_n = shoal_time_to(algo, env, target, seed, every, args.threads)
+            s_t, s_n = shoal_time(algo, env, target, seed, every, args.threads)
             b_t, b_n = sb3_time_to(algo, env, target, seed, every, budget)
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",

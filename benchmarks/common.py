@@ -36,3 +36,20 @@ def save(name: str, result: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), "time": time.strftime("%Y-%m-%d %H:%M"), **result}, indent=2))
     return path
+
+
+def shoal_time_to(config, target: float) -> tuple[float, int]:
+    """Train ``config`` (with stop_return set) in a scratch directory; return the wall time and
+    env steps of the first evaluation that reached ``target`` (NaN and the steps run if none)."""
+    import csv
+    import tempfile
+
+    import shoal
+
+    with tempfile.TemporaryDirectory() as d:
+        summary = shoal.train(config, run_dir=d)
+        if not summary["solved"]:
+            return float("nan"), summary["env_steps"]
+        with open(Path(d) / "eval.csv", newline="") as f:
+            row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= target)
+        return float(row["time/wall_s"]), int(row["env_steps"])

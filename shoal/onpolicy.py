@@ -76,6 +76,13 @@ class OnPolicyLearner(Learner):
 
     config: OnPolicyConfig
     policy: ActorCritic
+    optimizer: torch.optim.Optimizer  # each algorithm's (TRPO's: the value function's)
+
+    def extra_state(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
 
     def remaining(self) -> float:
         """Fraction of total_steps still to go (for linear schedules)."""
@@ -183,12 +190,6 @@ class VTraceLearner(OnPolicyLearner):
         """The loss to minimise for log-probabilities ``logp`` [N] of the network being trained,
         ``old_logp`` [N] of the learner's policy before this update, V-trace advantages [N]."""
         raise NotImplementedError
-
-    def extra_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         c, m = self.config, self.policy

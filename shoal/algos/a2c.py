@@ -8,7 +8,7 @@ RMSprop as in the paper and stable-baselines3, then publishes v+1.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -51,12 +51,6 @@ class A2CLearner(OnPolicyLearner):
             self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
         else:
             self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=1e-5)
-
-    def extra_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         c, m = self.config, self.policy

@@ -7,9 +7,8 @@ and optimises the clipped surrogate for a few epochs of minibatches, then publis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -69,12 +68,6 @@ class PPOLearner(OnPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id)
         # fused Adam: ~25% faster per step than the default for small MLPs on CPU.
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)
-
-    def extra_state(self) -> dict[str, Any]:
-        return self.optimizer.state_dict()
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         c, m = self.config, self.policy

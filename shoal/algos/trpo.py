@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -91,13 +91,7 @@ class TRPOLearner(OnPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id)
         m = self.policy
         self.actor_params = [p for name, p in m.named_parameters() if not name.startswith("critic.")]
-        self.vf_optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=1e-5)
-
-    def extra_state(self) -> dict[str, Any]:
-        return self.vf_optimizer.state_dict()
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.vf_optimizer.load_state_dict(state)
+        self.optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=1e-5)  # the value function's
 
     def surrogate(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
         """E[pi(a|s) / pi_old(a|s) * A] plus the entropy bonus: what the step maximises."""
@@ -145,7 +139,7 @@ class TRPOLearner(OnPolicyLearner):
         if c.normalize_advantages and len(adv) > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         metrics = self.policy_step(b["obs"], b["actions"], adv)
-        lr = self.scheduled_lr(self.vf_optimizer)
+        lr = self.scheduled_lr(self.optimizer)
         n = len(adv)
         losses = []
         for _ in range(c.vf_epochs):
@@ -153,10 +147,10 @@ class TRPOLearner(OnPolicyLearner):
             for start in range(0, n, c.vf_minibatch_size):
                 idx = perm[start: start + c.vf_minibatch_size]
                 loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
-                self.vf_optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(m.critic.parameters(), c.max_grad_norm)
-                self.vf_optimizer.step()
+                self.optimizer.step()
                 losses.append(loss.detach())
         self.merge_obs_stats(rollouts)
         return {**metrics, "loss/value": float(torch.stack(losses).mean()), "learner/lr": lr,
