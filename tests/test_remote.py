@@ -164,3 +164,44 @@ def test_health_service_reports_serving(servers):
 def test_binding_beyond_loopback_needs_a_token():
     with pytest.raises(ShoalError, match="token"):
         EnvServer("CartPole-v1", 1, host="0.0.0.0", port=0)
+
+
+class HangingCartPole:
+    """CartPole whose 5th step hangs for 3 s: a server that stops answering without dying."""
+
+    def __new__(cls, **kwargs):
+        import time
+
+        import gymnasium as gym
+
+        env = gym.make("CartPole-v1")
+        steps = [0]
+        step = env.step
+
+        def slow_step(action):
+            steps[0] += 1
+            if steps[0] == 5:
+                time.sleep(3)
+            return step(action)
+
+        env.step = slow_step
+        return env
+
+
+def test_a_server_that_hangs_is_timed_out_and_reconnected(servers):
+    import time
+
+    import gymnasium as gym
+
+    if "HangingCartPole-v0" not in gym.registry:
+        gym.register("HangingCartPole-v0", entry_point=HangingCartPole)
+    server = servers(env_id="HangingCartPole-v0", num_envs=1)
+    env = RemoteVectorEnv(f"remote://{server.address}", timeout_s=1.0, reconnect_s=5)
+    env.reset(seed=0)
+    for _ in range(4):
+        env.step(np.zeros(1, np.int64))
+    start = time.monotonic()
+    *_, truncated, info = env.step(np.zeros(1, np.int64))  # the 5th step hangs
+    assert time.monotonic() - start < 2.9 and env.reconnects == 1 and truncated.all()
+    env.step(np.zeros(1, np.int64))  # the new session's env answers
+    env.close()

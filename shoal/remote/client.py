@@ -14,6 +14,8 @@ and training goes on. A server still down after ``reconnect_s`` fails the run, n
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,15 +85,89 @@ class Connection:
             response_deserializer=reply.FromString) for name, reply in (
                 ("Describe", pb.EnvInfo), ("Open", pb.OpenReply), ("Reset", pb.ResetReply),
                 ("Step", pb.StepReply), ("Close", pb.CloseReply))}
+        self.stream: StepStream | None = None
 
     def __call__(self, name: str, request: Any) -> Any:
         return self.calls[name](request, timeout=self.timeout_s, metadata=self.metadata)
 
-    def future(self, name: str, request: Any) -> Any:
-        return self.calls[name].future(request, timeout=self.timeout_s, metadata=self.metadata)
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+        self.channel.close()
+
+    # -- the step stream: one long call, one reply per request --------------------------------
+    def send_step(self, request: pb.StepRequest) -> None:
+        """Send a step on the stream (opened on first use, and again after a failure)."""
+        if self.stream is None:
+            self.stream = StepStream(self.channel.stream_stream(
+                "/shoal.v1.EnvService/StepStream", request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.StepReply.FromString), self.metadata, self.timeout_s)
+        self.stream.send(request)
+
+    def receive_step(self) -> pb.StepReply:
+        """The reply to the step sent last; a failed or timed-out stream is dropped, to reopen."""
+        stream = self.stream
+        try:
+            return stream.receive()
+        except BaseException:
+            stream.close()
+            self.stream = None
+            raise
+
+
+class StreamTimeout(grpc.RpcError):
+    """No reply on a step stream within the timeout (streams have no per-message deadline)."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"no reply within {timeout_s:g} s")
+        self.timeout_s = timeout_s
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return f"no reply within {self.timeout_s:g} s"
+
+
+class StepStream:
+    """A long-lived StepStream call. One watchdog thread per stream cancels it when a reply takes
+    longer than the timeout (a Timer per step would cost a thread start each time)."""
+
+    def __init__(self, method: Any, metadata: tuple, timeout_s: float):
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.replies = method(iter(self.requests.get, None), metadata=metadata)
+        self.timeout_s = timeout_s
+        self.sent_at: float | None = None
+        self.timed_out = False
+        self.closed = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name="shoal-step-watchdog").start()
+
+    def send(self, request: pb.StepRequest) -> None:
+        self.sent_at = time.monotonic()
+        self.requests.put(request)
+
+    def receive(self) -> pb.StepReply:
+        try:
+            return next(self.replies)
+        except grpc.RpcError:
+            if self.timed_out:
+                raise StreamTimeout(self.timeout_s) from None
+            raise
+        finally:
+            self.sent_at = None
+
+    def _watch(self) -> None:
+        while not self.closed.wait(min(0.5, self.timeout_s / 4)):
+            sent = self.sent_at
+            if sent is not None and time.monotonic() - sent > self.timeout_s:
+                self.timed_out = True
+                self.replies.cancel()
+                return
 
     def close(self) -> None:
-        self.channel.close()
+        self.closed.set()
+        self.requests.put(None)
+        self.replies.cancel()
 
 
 def describe(url: str, timeout_s: float = 10.0) -> pb.EnvInfo:
@@ -167,13 +243,22 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         actions = np.asarray(actions)
-        pending = [conn.future("Step", pb.StepRequest(session=self.sessions[i],
-                                                      actions=encode(actions[self.bounds[i]:self.bounds[i + 1]])))
-                   for i, conn in enumerate(self.conns)]
-        parts = []
-        for i, fut in enumerate(pending):
+        requests = [pb.StepRequest(session=self.sessions[i], actions=encode(actions[self.bounds[i]:self.bounds[i + 1]]))
+                    for i in range(len(self.conns))]
+        # Every server's request goes out before any reply is read, so the servers step together.
+        sent = []
+        for conn, request in zip(self.conns, requests):
             try:
-                r = fut.result()
+                conn.send_step(request)
+                sent.append(None)
+            except grpc.RpcError as e:
+                sent.append(e)
+        parts = []
+        for i, conn in enumerate(self.conns):
+            try:
+                if sent[i] is not None:
+                    raise sent[i]
+                r = conn.receive_step()
                 parts.append((decode(r.obs), decode(r.rewards), decode(r.terminated), decode(r.truncated),
                               decode(r.final_obs)))
             except grpc.RpcError as e:

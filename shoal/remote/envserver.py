@@ -58,7 +58,8 @@ class EnvServer:
         self.server = GrpcServer(SERVICE, {
             "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
             "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
-            "Close": (self.close, pb.CloseRequest)}, **server_options)
+            "Close": (self.close, pb.CloseRequest)}, streams={"StepStream": (self.step, pb.StepRequest)},
+            **server_options)
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
 

@@ -60,6 +60,7 @@ class GrpcServer:
     """A gRPC server with shoal's guards, for one service's handlers."""
 
     def __init__(self, service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], Any]], *,
+                 streams: dict[str, tuple[Callable[[Any, Any], Any], Any]] | None = None,
                  host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 16,
                  tls_cert: str | None = None, tls_key: str | None = None):
@@ -72,9 +73,12 @@ class GrpcServer:
                    ("grpc.so_reuseport", 0)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                                   maximum_concurrent_rpcs=workers * 8)
-        methods = {name: grpc.unary_unary_rpc_method_handler(
-            self._guard(fn, request_cls), request_deserializer=None,
-            response_serializer=lambda m: m.SerializeToString()) for name, (fn, request_cls) in handlers.items()}
+        serialize = lambda m: m.SerializeToString()  # noqa: E731
+        methods = {name: grpc.unary_unary_rpc_method_handler(self._guard(fn, request_cls), response_serializer=serialize)
+                   for name, (fn, request_cls) in handlers.items()}
+        for name, (fn, request_cls) in (streams or {}).items():
+            methods[name] = grpc.stream_stream_rpc_method_handler(self._guard_stream(fn, request_cls),
+                                                                   response_serializer=serialize)
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -93,22 +97,37 @@ class GrpcServer:
             raise ShoalError(f"cannot listen on {address} (in use, or not an address of this machine)")
         self.host = host
 
+    def _check_token(self, context: grpc.ServicerContext) -> None:
+        if self.token is not None:
+            given = dict(context.invocation_metadata()).get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    @staticmethod
+    def _handle(fn: Callable[[Any, Any], Any], request_cls: Any, raw: bytes, context: grpc.ServicerContext) -> Any:
+        """Parse ``raw`` and run ``fn``; failures become the call's status."""
+        try:
+            request = request_cls.FromString(raw)
+        except DecodeError:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.__name__} message")
+        try:
+            return fn(request, context)
+        except Abort as e:
+            context.abort(e.code, e.message)
+        except WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
     def _guard(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[bytes, Any], Any]:
         def handler(raw: bytes, context: grpc.ServicerContext) -> Any:
-            if self.token is not None:
-                given = dict(context.invocation_metadata()).get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-            try:
-                request = request_cls.FromString(raw)
-            except DecodeError:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.__name__} message")
-            try:
-                return fn(request, context)
-            except Abort as e:
-                context.abort(e.code, e.message)
-            except WireError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._check_token(context)
+            return self._handle(fn, request_cls, raw, context)
+        return handler
+
+    def _guard_stream(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[Any, Any], Any]:
+        def handler(raws: Any, context: grpc.ServicerContext) -> Any:
+            self._check_token(context)  # once per stream
+            for raw in raws:
+                yield self._handle(fn, request_cls, raw, context)
         return handler
 
     @property
