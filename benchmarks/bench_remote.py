@@ -9,6 +9,10 @@
    64x64 MLP (the forward pass is cheap next to a gRPC call) and a 1024x1024 one (the forward
    pass dominates, as for real models); saved untrained (weights do not change the cost).
 
+3. Central inference inside training: PPO on CartPole-v1, ray backend, 2 runners x 8 envs,
+   env steps/s over 10 iterations after a warm-up, `--inference central` vs runners holding
+   policy copies, and the inference server's mean batch (runners per forward pass).
+
     .venv/bin/python benchmarks/bench_remote.py [--seconds 10] [--clients 32]
 """
 
@@ -98,6 +102,24 @@ def inference(address: str, clients: int, seconds: float) -> tuple[float, np.nda
     return len(lat) / elapsed, np.array(lat)
 
 
+def training_rate(inference: str, iterations: int = 10) -> tuple[float, dict]:
+    """PPO env steps/s on the ray backend with 2 runners; the inference server's counts."""
+    import shoal
+    from shoal.algos.ppo import PPOConfig
+    from shoal.config import build
+
+    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
+        "inference": inference, "backend": "ray", "num_env_runners": 2, "progress": False, "tensorboard": False})
+    with shoal.make(config) as algo:
+        algo.train()
+        start, steps = time.perf_counter(), algo.env_steps
+        for _ in range(iterations):
+            algo.train()
+        rate = (algo.env_steps - steps) / (time.perf_counter() - start)
+        stats = algo.backend.get(algo.inference[0].call("stats")) if algo.inference else {}
+    return rate, stats
+
+
 def ms(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q) * 1000)
 
@@ -155,6 +177,11 @@ def main() -> None:
         ratio = rates["batched"] / rates["unbatched"]
         print(f"central inference {label}: batched / unbatched throughput = {ratio:.2f} (target >= 4)")
         result[f"inference_{label}_ratio"] = ratio
+    local, _ = training_rate("local")
+    central, stats = training_rate("central")
+    print(f"PPO training, 2 runners on ray: central inference {central:,.0f} env steps/s, policy copies "
+          f"{local:,.0f}; ratio {central / local:.2f}; mean batch {stats['requests'] / stats['batches']:.2f} runners")
+    result["central_training"] = {"central": central, "local": local, "ratio": central / local, **stats}
     save("remote", result)
 
 
