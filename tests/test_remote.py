@@ -205,3 +205,24 @@ def test_a_server_that_hangs_is_timed_out_and_reconnected(servers):
     assert time.monotonic() - start < 2.9 and env.reconnects == 1 and truncated.all()
     env.step(np.zeros(1, np.int64))  # the new session's env answers
     env.close()
+
+
+def test_tls_with_a_ca_and_a_token(servers, tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    server = servers(num_envs=2, token=TOKEN, tls_cert=str(cert), tls_key=str(key))
+    monkeypatch.setenv("SHOAL_TOKEN", TOKEN)
+    with pytest.raises(ShoalError, match="unreachable"):  # plaintext against a TLS server
+        RemoteVectorEnv(f"remote://{server.address}", timeout_s=2)
+    monkeypatch.setenv("SHOAL_TLS_CA", str(cert))
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    env.reset(seed=0)
+    assert env.step(np.zeros(2, np.int64))[0].shape == (2, 4)
+    env.close()
