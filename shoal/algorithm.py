@@ -74,6 +74,10 @@ class Algorithm:
         self.queue: deque[Any] = deque()  # IMPALA/APPO on Ray: finished rollouts (ObjectRefs) for the learner
         self.held: deque[tuple[int, Any]] = deque()  # finished while the queue was full: runner waits
         self.queue_depths: list[int] = []  # queue length each time the learner took a batch
+        self.runner_restarts = 0
+        self.incarnations = [0] * config.num_env_runners
+        self.runner_health: dict[int, dict[str, int]] = {}  # each runner's last reported counters
+        self.retired = {"env_restarts": 0, "dropped_episodes": 0}  # counters of replaced runners
 
     def _inference_servers(self) -> list[Any]:
         """--inference central: servers that batch the runners' requests (threaded actors on Ray)."""
@@ -108,8 +112,7 @@ class Algorithm:
         elif self.spec.loop == "async" and self.backend.name == "ray":
             result = self._train_queued()
         else:
-            rollouts = [r.call("sample", self.config.rollout_steps) for r in self.runners]
-            result = self.backend.get(self.learner.call("update", *rollouts))
+            result = self._train_sync()
         seconds = time.perf_counter() - start
         self.iteration += 1
         self.env_steps += result.env_steps
@@ -128,6 +131,51 @@ class Algorithm:
             metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
         metrics.update(result.metrics)
         return metrics
+
+    def _train_sync(self) -> UpdateResult:
+        """Every runner samples, the learner updates on what came back. A runner that fails (its
+        actor died, its envs failed past --max-env-restarts, or it hung past --runner-timeout-s)
+        is replaced under the same id, and the iteration completes with the others' rollouts."""
+        c = self.config
+        while True:
+            calls = {i: r.call_checked("sample_checked", c.rollout_steps) for i, r in enumerate(self.runners)}
+            ok, failed = self.backend.collect({i: status for i, (status, _) in calls.items()}, c.runner_timeout_s)
+            for i in sorted(failed):
+                self._restart_runner(i, failed[i])
+            for i, health in ok.items():
+                self.runner_health[i] = health
+            if ok:
+                break  # else every runner failed: sample again with the replacements
+        result = self.backend.get(self.learner.call("update", *[calls[i][1] for i in sorted(ok)]))
+        return result._replace(metrics={**result.metrics, **self.fault_metrics()})
+
+    def _restart_runner(self, i: int, reason: str) -> None:
+        """Replace runner ``i`` (after a backoff): a new incarnation, same id, new env seeds; it
+        pulls the newest weights on its first rollout. Its episodes in progress are lost."""
+        import logging
+
+        c = self.config
+        self.runner_restarts += 1
+        if self.runner_restarts > c.max_runner_restarts:
+            raise ShoalError(f"runner {i} failed ({reason}), and runners have been restarted "
+                             f"{self.runner_restarts - 1} times already (--max-runner-restarts {c.max_runner_restarts})")
+        logging.getLogger("shoal").warning("runner %d failed (%s); restarting it", i, reason)
+        last = self.runner_health.pop(i, {})
+        self.retired["env_restarts"] += last.get("env_restarts", 0)
+        self.retired["dropped_episodes"] += last.get("dropped_episodes", 0) + c.num_envs_per_runner
+        self.incarnations[i] += 1
+        time.sleep(min(5.0, 0.1 * 2 ** min(self.incarnations[i], 6)))  # back off a runner that keeps failing
+        self.runners[i] = self.backend.replace(
+            self.runners[i], EnvRunner, c, i, self.store, "default", None,
+            self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
+            name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
+
+    def fault_metrics(self) -> dict[str, float]:
+        """Counters of what failed and was recovered, over the whole run."""
+        current = {k: sum(h.get(k, 0) for h in self.runner_health.values()) for k in self.retired}
+        return {"faults/runner_restarts": float(self.runner_restarts),
+                "faults/env_restarts": float(self.retired["env_restarts"] + current["env_restarts"]),
+                "faults/dropped_episodes": float(self.retired["dropped_episodes"] + current["dropped_episodes"])}
 
     def _train_apex_in_process(self) -> UpdateResult:
         """Ape-X's roles, one after another: each runner inserts a rollout (when the rate limiter
@@ -243,7 +291,9 @@ class Algorithm:
                   "obs_space": describe_space(self.obs_space), "action_space": describe_space(self.action_space),
                   "weights": {k: torch.tensor(v) for k, v in learner_state["weights"].items()},
                   "version": learner_state["version"]}
-        driver = {"iteration": self.iteration, "env_steps": self.env_steps, "num_episodes": self.num_episodes,
+        driver = {"faults": {"runner_restarts": self.runner_restarts, "incarnations": self.incarnations,
+                             "retired": self.retired, "runner_health": self.runner_health},
+                  "iteration": self.iteration, "env_steps": self.env_steps, "num_episodes": self.num_episodes,
                   "elapsed_s": self.elapsed_s, "wall_s": self.wall_s, "recent_returns": list(self.recent_returns),
                   "recent_lengths": list(self.recent_lengths)}
         meta = {"algo": self.spec.name, "env": self.config.env, "iteration": self.iteration,
@@ -268,6 +318,12 @@ class Algorithm:
         self.wall_offset_s, self.started = d["wall_s"], time.perf_counter()
         self.recent_returns.extend(d["recent_returns"])
         self.recent_lengths.extend(d["recent_lengths"])
+        faults = d.get("faults")
+        if faults is not None:
+            self.runner_restarts, self.retired = faults["runner_restarts"], faults["retired"]
+            self.runner_health = faults["runner_health"]
+            if len(faults["incarnations"]) == len(self.incarnations):
+                self.incarnations = faults["incarnations"]
 
     def stop(self) -> None:
         """Release the roles (and Ray, if this run started it)."""

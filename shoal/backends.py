@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from shoal.errors import ShoalError
+from shoal.errors import RoleFailed, ShoalError
 from shoal.weights import WeightStore
 
 
@@ -29,6 +29,17 @@ class LocalHandle:
     def resolve(future: Any) -> Any:
         """The value of a future from ``call`` (already computed)."""
         return future
+
+    def call_checked(self, method: str, *args: Any) -> tuple[Any, Any]:
+        """(status, result) of a method returning that pair; if it raises, the status is a Failure."""
+        try:
+            return getattr(self.obj, method)(*args)
+        except Exception as e:
+            return Failure(f"{type(e).__name__}: {e}"), None
+
+
+class Failure(str):
+    """The reason a role's call failed (a string), as the local backend reports it."""
 
 
 class LocalBackend:
@@ -52,6 +63,22 @@ class LocalBackend:
         """Index of a finished future: in-process, every future is finished."""
         return 0
 
+    def collect(self, statuses: dict[int, Any], timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
+        """Split the statuses of ``call_checked`` calls into those that came back and those that failed."""
+        failed = {i: str(s) for i, s in statuses.items() if isinstance(s, Failure)}
+        return {i: s for i, s in statuses.items() if i not in failed}, failed
+
+    def replace(self, old: LocalHandle, cls: type, *args: Any, name: str, num_cpus: float = 0.0,
+                **kwargs: Any) -> LocalHandle:
+        """A new role in place of a failed one."""
+        close = getattr(getattr(old.obj, "env", None), "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                pass  # a broken role may not close cleanly; it is dropped either way
+        return self.make(cls, *args, name=name, num_cpus=num_cpus, **kwargs)
+
     def weight_store(self) -> WeightStore:
         """A store the roles share by reference."""
         return WeightStore()
@@ -73,6 +100,11 @@ class RayHandle:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``method`` on the actor; returns an ObjectRef."""
         return getattr(self.actor, method).remote(*args, **kwargs)
+
+    def call_checked(self, method: str, *args: Any) -> tuple[Any, Any]:
+        """Two ObjectRefs for a method returning (status, result): the driver reads the small
+        status to learn whether the call worked, and hands the result on unread."""
+        return getattr(self.actor, method).options(num_returns=2).remote(*args)
 
     @staticmethod
     def resolve(future: Any) -> Any:
@@ -150,10 +182,18 @@ class RayBackend:
         return RayHandle(actor)
 
     def get(self, futures: Any) -> Any:
-        """Wait for ObjectRefs; an actor's exception is raised here."""
+        """Wait for ObjectRefs. A role that died or raised becomes :class:`RoleFailed`, with the
+        error's last line (the run can be restarted from a checkpoint)."""
         import ray
 
-        return ray.get(futures)
+        try:
+            return ray.get(futures)
+        except ray.exceptions.RayError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ShoalError):  # a user-facing error raised inside a role
+                raise type(cause)(str(cause)) from None
+            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise RoleFailed(f"{type(e).__name__}: {lines[-1][:300] if lines else e}") from e
 
     def wait_any(self, futures: list[Any]) -> int:
         """Index of the first of ``futures`` to finish (ray.wait)."""
@@ -161,6 +201,38 @@ class RayBackend:
 
         ready, _ = ray.wait(futures, num_returns=1)
         return futures.index(ready[0])
+
+    def collect(self, statuses: dict[int, Any], timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
+        """Statuses that came back within ``timeout_s``, and why the others did not (the actor
+        died, its call raised, or it hangs)."""
+        import ray
+
+        refs = list(statuses.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        ready_set = set(ready)
+        ok, failed = {}, {}
+        for i, ref in statuses.items():
+            if ref not in ready_set:
+                failed[i] = f"no reply within {timeout_s:g} s"
+                continue
+            try:
+                ok[i] = ray.get(ref)
+            except (ray.exceptions.RayError, ShoalError) as e:
+                failed[i] = str(e).strip().splitlines()[-1][:300]
+        return ok, failed
+
+    def replace(self, old: RayHandle, cls: type, *args: Any, name: str, num_cpus: float = 0.0,
+                **kwargs: Any) -> RayHandle:
+        """Kill a failed (or hung) actor and start a new one in its place."""
+        import ray
+
+        try:
+            ray.kill(old.actor)
+        except Exception:
+            pass  # already dead
+        if old.actor in self.actors:
+            self.actors.remove(old.actor)
+        return self.make(cls, *args, name=name, num_cpus=num_cpus, **kwargs)
 
     def weight_store(self) -> RayWeightStore:
         """A WeightStore actor and the client every role shares."""
@@ -176,7 +248,10 @@ class RayBackend:
         import ray
 
         for actor in self.actors:
-            ray.kill(actor)
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass  # already gone
         self.actors.clear()
         if self.owns_ray:
             ray.shutdown()

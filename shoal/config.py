@@ -62,6 +62,15 @@ class Config:
     inference server roles that batch them into one forward pass (SEED RL style)."""
     num_inference_servers: int = 1
     """Inference servers with --inference central; runner i uses server i % this."""
+    max_env_restarts: int = 100
+    """Envs a runner may replace after they raise before the runner itself is restarted."""
+    runner_timeout_s: float = 120.0
+    """A runner that does not finish a rollout within this is treated as dead and replaced (Ray)."""
+    max_runner_restarts: int = 100
+    """Runner restarts allowed in a run before it fails."""
+    max_failures: int = 0
+    """Ray backend: restart the roles from the newest checkpoint this many times after a learner
+    or other role fails, before the run fails."""
     torch_threads: int = 1
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
     progress: bool = True
@@ -79,6 +88,9 @@ class Config:
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
+        _check(self.max_env_restarts >= 0 and self.max_runner_restarts >= 0 and self.max_failures >= 0,
+               "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
+        _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         _check(self.address is None or self.backend == "ray",
@@ -184,6 +196,13 @@ def preset_envs(algo: str) -> list[str]:
     return sorted((yaml.safe_load(path.read_text()) or {}).keys()) if path.is_file() else []
 
 
+def preset_env(env: str) -> str:
+    """The env id whose preset applies: remote://HOSTS/ENV_ID uses ENV_ID's."""
+    if env.startswith("remote://"):
+        return env.partition("://")[2].partition("/")[2] or env
+    return env
+
+
 def build(cls: type, algo: str, env: str | None = None, file: str | None = None,
           sets: dict[str, Any] | None = None) -> Any:
     """Layer defaults, preset, file and overrides into a validated config of type ``cls``."""
@@ -191,7 +210,8 @@ def build(cls: type, algo: str, env: str | None = None, file: str | None = None,
     from_file = read_yaml(file) if file else {}
     from_file.pop("algo", None)
     env = env or (sets or {}).get("env") or from_file.get("env") or cls.env
-    values = merge(cls, values, preset(algo, env), f"preset {algo}/{env}")
+    key = preset_env(env)
+    values = merge(cls, values, preset(algo, key), f"preset {algo}/{key}")
     values = merge(cls, values, from_file, f"config file {file}")
     values = merge(cls, values, sets or {}, "--set")
     values["env"] = env

@@ -48,6 +48,62 @@ def is_remote(env_id: str) -> bool:
     return env_id.startswith("remote://")
 
 
+class ResilientVectorEnv(SyncVectorEnv):
+    """Gymnasium's SyncVectorEnv (same-step autoreset) in which an env that raises is replaced.
+
+    The failed env is made again and reset with a fresh seed; the step reports its episode as
+    truncated at the last observation it gave (reward 0), ``info["_env_error"]`` marks it, and
+    ``env_restarts`` counts it. The episode is lost, not the run.
+    """
+
+    def __init__(self, env_fns: list[Any]):
+        super().__init__(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
+        self.env_restarts = 0
+        self._base_seed: int | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        if seed is not None:
+            self._base_seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """SyncVectorEnv's same-step loop, each env's step guarded on its own (a failure part-way
+        through Gymnasium's loop would leave the batch half-stepped)."""
+        from gymnasium.vector.utils import concatenate, iterate
+
+        infos: dict[str, Any] = {}
+        errors = np.zeros(self.num_envs, bool)
+        for i, action in enumerate(iterate(self.action_space, actions)):
+            try:
+                obs, reward, term, trunc, info = self.envs[i].step(action)
+            except Exception:
+                errors[i] = True
+                obs, reward, term, trunc, info = np.array(self._env_obs[i], copy=True), 0.0, False, True, {}
+            self._rewards[i], self._terminations[i], self._truncations[i] = reward, term, trunc
+            if term or trunc:
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
+                obs, info = self._restart(i) if errors[i] else self.envs[i].reset()
+            self._env_obs[i] = obs
+            infos = self._add_info(infos, info, i)
+        if errors.any():
+            infos["_env_error"] = errors
+        self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (np.copy(self._observations), np.copy(self._rewards), np.copy(self._terminations),
+                np.copy(self._truncations), infos)
+
+    def _restart(self, i: int) -> tuple[Any, dict]:
+        """Replace env ``i`` with a new one, reset with a seed of its own (reproducible)."""
+        try:
+            self.envs[i].close()
+        except Exception:
+            pass  # a broken env may not close cleanly; it is dropped either way
+        self.env_restarts += 1
+        self.envs[i] = self.env_fns[i]()
+        seed = None if self._base_seed is None else self._base_seed + i + 7919 * self.env_restarts
+        return self.envs[i].reset(seed=seed)
+
+
 def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     """A synchronous vector env of ``num_envs`` copies.
 
@@ -63,8 +119,7 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 
         return RemoteVectorEnv(env_id)
     make_env(env_id).close()  # fail early, with a clear message, before building N copies
-    return SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)],
-                         autoreset_mode=AutoresetMode.SAME_STEP)
+    return ResilientVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:

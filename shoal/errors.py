@@ -10,3 +10,8 @@ class ConfigError(ShoalError):
 
     Deliberately not a ValueError: the CLI parser would catch that and print a multi-line box.
     """
+
+
+class RoleFailed(ShoalError):
+    """A role (an actor on the ray backend) died or its call raised; the run may be restarted
+    from its newest checkpoint (``--max-failures``)."""

@@ -14,6 +14,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from shoal.errors import ShoalError
 from shoal.policy import Moments, set_weights
 
 
@@ -55,7 +56,8 @@ class RolloutSummary(NamedTuple):
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
-    def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None):
+    def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None,
+                 incarnation: int = 0):
         from shoal.algos import spec_for
         from shoal.envs import make_vector_env
 
@@ -72,7 +74,11 @@ class EnvRunner:
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
         self.version = -1
-        seed = config.seed + 1000 * (runner_id + 1)  # distinct streams per runner, fixed per seed
+        # Distinct streams per runner, fixed per seed; a restarted runner (incarnation > 0) draws
+        # new ones, so an env that failed deterministically does not fail the same way again.
+        seed = config.seed + 1000 * (runner_id + 1) + 1_000_003 * incarnation
+        self.incarnation = incarnation
+        self.dropped_episodes = 0  # episodes lost to env failures (and, remotely, to server restarts)
         self.generator = torch.Generator().manual_seed(seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.env.action_space.seed(seed)
@@ -132,11 +138,17 @@ class EnvRunner:
             self.ep_length += 1
             done = term | trunc
             if done.any():
+                errors = info.get("_env_error")
                 for b in np.flatnonzero(done):
                     final_idx.append((t, b))
                     final_raw.append(info["final_obs"][b])
+                    if errors is not None and errors[b]:  # the env failed: its episode is lost
+                        self.dropped_episodes += 1
+                        continue
                     returns.append(float(self.ep_return[b]))
                     lengths.append(int(self.ep_length[b]))
+                if errors is not None:
+                    self._check_env_restarts()
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
         final = np.asarray(final_raw, np.float32).reshape(len(final_raw), *env.single_observation_space.shape)
@@ -154,6 +166,25 @@ class EnvRunner:
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths,
         )
+
+    def sample_checked(self, num_steps: int) -> tuple[dict[str, int], Rollout]:
+        """:meth:`sample` with this runner's health counters first, for drivers that check it."""
+        rollout = self.sample(num_steps)
+        return self.health(), rollout
+
+    def env_restarts(self) -> int:
+        """Envs this runner replaced after they raised (local envs) or reconnected (remote)."""
+        return int(getattr(self.env, "env_restarts", 0) + getattr(self.env, "reconnects", 0))
+
+    def _check_env_restarts(self) -> None:
+        limit = self.config.max_env_restarts
+        if self.env_restarts() > limit:
+            raise ShoalError(f"runner {self.runner_id}: its envs failed {self.env_restarts()} times "
+                             f"(more than --max-env-restarts {limit})")
+
+    def health(self) -> dict[str, int]:
+        """Counters for the driver: env restarts and episodes dropped, this incarnation."""
+        return {"env_restarts": self.env_restarts(), "dropped_episodes": self.dropped_episodes}
 
     def _central_normalize(self, final: np.ndarray, B: int, obs_dim: int) -> tuple[np.ndarray, np.ndarray]:
         """Network inputs of the last and the final observations, from the inference server."""
@@ -189,6 +220,7 @@ class EnvRunner:
             "env": self.env, "obs": self.obs, "generator": self.generator.get_state(),
             "ep_return": self.ep_return, "ep_length": self.ep_length,
             "nstep": None if self.nstep is None else self.nstep.get_state(),
+            "dropped_episodes": self.dropped_episodes,
         })
 
     def set_state(self, state: bytes) -> None:
@@ -198,6 +230,7 @@ class EnvRunner:
         self.env, self.obs = s["env"], s["obs"]
         self.generator.set_state(s["generator"])
         self.ep_return, self.ep_length = s["ep_return"], s["ep_length"]
+        self.dropped_episodes = s.get("dropped_episodes", 0)
         if self.nstep is not None and s.get("nstep") is not None:
             self.nstep.set_state(s["nstep"])
         self.version = -1  # pull the restored weights on the next sample

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from shoal import checkpoint as ckpt
 from shoal.algorithm import Algorithm, config_from_dict
 from shoal.config import read_yaml
-from shoal.errors import ShoalError
+from shoal.errors import RoleFailed, ShoalError
 from shoal.plot import plot_runs
 from shoal.rundir import RunDir
 
@@ -38,8 +38,13 @@ def _best_eval(run: RunDir) -> float:
     return max(values, default=-math.inf)
 
 
-def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[str, Any]:
-    """Train until ``total_steps`` or ``stop_return``; returns a summary of the run."""
+Callback = Callable[[Algorithm, dict[str, Any]], None]
+
+
+def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None) -> dict[str, Any]:
+    """Train until ``total_steps`` or ``stop_return``; returns a summary of the run.
+
+    ``callback(algo, metrics)``, if given, runs after every iteration (after logging)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
@@ -72,6 +77,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[st
             while algo.env_steps < c.total_steps and not solved:
                 metrics = algo.train()
                 run.log(metrics)
+                if callback is not None:
+                    callback(algo, metrics)
                 if every(c.eval_interval, algo.env_steps) > last_eval:
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()
@@ -100,8 +107,39 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None) -> dict[st
             "solved": solved, "checkpoint": str(last), "plot": str(plot)}
 
 
-def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None) -> dict[str, Any]:
-    """Train ``config`` in a new run directory; returns the run summary."""
+def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None) -> dict[str, Any]:
+    """:func:`fit`, restarted from the newest checkpoint when a role fails, up to --max-failures
+    times (ray backend; a failure in-process is a bug, not a crash, and is raised)."""
+    import logging
+
+    config, failures = algo.config, 0
+    while True:
+        try:
+            with algo:
+                summary = fit(algo, run, console, callback)
+            summary["failures"] = failures
+            return summary
+        except RoleFailed as e:
+            failures += 1
+            if config.backend != "ray" or failures > config.max_failures:
+                more = f" after {failures - 1} restarts" if failures > 1 else ""
+                raise ShoalError(f"a role failed{more} ({e}); the run can be continued with "
+                                 f"`shoal train --resume {run.path}`" +
+                                 ("" if config.backend != "ray" else " (or set --max-failures)")) from None
+            logging.getLogger("shoal").warning("a role failed (%s): restart %d of %d from the newest checkpoint",
+                                               e, failures, config.max_failures)
+            algo = Algorithm(config)
+            found = ckpt.checkpoints_in(run.path)
+            if found:
+                algo.restore(found[-1])
+            run.progress.truncate_after(algo.env_steps)
+            run.evals.truncate_after(algo.env_steps)
+
+
+def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None,
+          callback: Callback | None = None) -> dict[str, Any]:
+    """Train ``config`` in a new run directory; returns the run summary. ``callback(algo, metrics)``
+    runs after every iteration."""
     from shoal.algos import spec_for
 
     name = spec_for(config).name
@@ -115,9 +153,12 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
     except BaseException:
         run.remove_if_created()  # a run that never started leaves nothing behind
         raise
-    with algo:
+    try:
         run.write_config(name, config)
-        return fit(algo, run, console)
+    except BaseException:
+        algo.stop()
+        raise
+    return _fit_restarting(algo, run, console, callback)
 
 
 def read_run_config(run_dir: str | Path) -> dict[str, Any]:
@@ -131,7 +172,8 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     return saved
 
 
-def resume(run_dir: str | Path, config: Any | None = None, console: Console | None = None) -> dict[str, Any]:
+def resume(run_dir: str | Path, config: Any | None = None, console: Console | None = None,
+           callback: Callback | None = None) -> dict[str, Any]:
     """Continue a run from its newest complete checkpoint, in the same directory.
 
     ``config`` may change settings that do not alter the run's shape (e.g. total_steps).
@@ -143,11 +185,15 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
     checkpoint = ckpt.resolve(run_dir)
     run = RunDir(run_dir, config.tensorboard)
     run.write_config(algo, config)
-    with Algorithm(config) as instance:
+    instance = Algorithm(config)
+    try:
         instance.restore(checkpoint)
         if instance.env_steps >= config.total_steps:
             raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
                              f"pass a larger --total-steps to train on")
-        run.progress.truncate_after(instance.env_steps)
-        run.evals.truncate_after(instance.env_steps)
-        return fit(instance, run, console)
+    except BaseException:
+        instance.stop()
+        raise
+    run.progress.truncate_after(instance.env_steps)
+    run.evals.truncate_after(instance.env_steps)
+    return _fit_restarting(instance, run, console, callback)

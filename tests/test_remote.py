@@ -75,12 +75,13 @@ def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
     from shoal.config import build
 
     a, b = servers(num_envs=4), servers(num_envs=4)
-    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
-        "env": f"remote://{a.address},{b.address}", "seed": 0, "total_steps": 100_000, "stop_return": 475,
-        "progress": False, "tensorboard": False})
+    # remote://HOSTS/ENV_ID: the CartPole-v1 preset applies to the remote envs
+    config = build(PPOConfig, "ppo", env=f"remote://{a.address},{b.address}/CartPole-v1", sets={
+        "seed": 0, "total_steps": 100_000, "stop_return": 475, "progress": False, "tensorboard": False})
+    assert config.env.startswith("remote://") and config.rollout_steps == 32  # the preset's
     summary = shoal.train(config, run_dir=tmp_path / "run")
     assert summary["best_eval_return"] >= 475, summary
-    assert len(a.sessions) == 0 or True  # sessions are closed when the run ends (or expire)
+    assert a.steps_served >= summary["env_steps"] // 2 and b.steps_served >= summary["env_steps"] // 2
 
 
 def test_a_restarted_server_is_reconnected(servers):

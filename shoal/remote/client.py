@@ -254,6 +254,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             except grpc.RpcError as e:
                 sent.append(e)
         parts = []
+        errors = np.zeros(self.num_envs, bool)
         for i, conn in enumerate(self.conns):
             try:
                 if sent[i] is not None:
@@ -265,12 +266,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 if e.code() not in RETRY_CODES:
                     raise ShoalError(f"env server {self.conns[i].address}: {_describe_error(e)}") from None
                 parts.append(self._recover(i, e))
+                errors[self.bounds[i]:self.bounds[i + 1]] = True
         obs, rewards, terminated, truncated, final = (np.concatenate(x) for x in zip(*parts))
         done = terminated | truncated
         info: dict[str, Any] = {}
         if done.any():
             info["final_obs"] = np.array(list(final), dtype=object)
             info["_final_obs"] = done
+        if errors.any():  # those episodes were cut by a server failure, not ended by the env
+            info["_env_error"] = errors
         self.last_obs = obs
         return obs.copy(), rewards.astype(np.float64), terminated.copy(), truncated.copy(), info
 

@@ -55,6 +55,7 @@ class EnvServer:
         self.max_sessions, self.session_timeout_s = max_sessions, session_timeout_s
         self.sessions: dict[str, Session] = {}
         self.lock = threading.Lock()
+        self.steps_served = 0  # env steps, all sessions
         self.server = GrpcServer(SERVICE, {
             "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
             "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
@@ -146,6 +147,7 @@ class EnvServer:
             if s.needs_reset:
                 raise Abort(grpc.StatusCode.FAILED_PRECONDITION, "call Reset before the first Step")
             obs, rewards, terminated, truncated, info = self._call(req.session, s, lambda: s.env.step(actions))
+            self.steps_served += self.num_envs
         final = np.zeros_like(obs)
         done = terminated | truncated
         for b in np.flatnonzero(done):

@@ -1,0 +1,222 @@
+"""Fault injection: failing envs, crashed and hung runners, a kill mid-checkpoint, a restarted env
+server. In each, PPO still solves CartPole and the counters match what was injected."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import shoal
+from shoal.algos.ppo import PPOConfig
+from shoal.config import build
+
+FAULTY = "shoal.testing:FaultyCartPole-v1"
+
+
+def cartpole(seed=0, env=FAULTY, **sets):
+    """PPO with its CartPole-v1 preset, on ``env`` (a CartPole that fails on cue, by default)."""
+    import dataclasses
+
+    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
+        "seed": seed, "total_steps": 100_000, "stop_return": 475, "progress": False, "tensorboard": False, **sets})
+    return dataclasses.replace(config, env=env)
+
+
+def last_metrics(run_dir):
+    import csv
+
+    rows = list(csv.DictReader(open(run_dir / "progress.csv")))
+    return {k: float(v) for k, v in rows[-1].items() if v != ""}
+
+
+def test_failing_envs_are_replaced_and_a_runner_past_its_limit_is_restarted(tmp_path, monkeypatch):
+    # seed 0, 2 runners x 8 envs: runner r's env b is first reset with seed 1000 * (r + 1) + b.
+    # Runner 0: env 2 fails at its step 300 (replaced). Runner 1: envs 0 and 1 fail at steps 100
+    # and 200; with --max-env-restarts 1 the second failure restarts runner 1 itself.
+    monkeypatch.setenv("SHOAL_FAULTS", json.dumps({"1002": [300], "2000": [100], "2001": [200]}))
+    config = cartpole(num_env_runners=2, max_env_restarts=1)
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+    m = last_metrics(tmp_path)
+    assert m["faults/runner_restarts"] == 1
+    assert m["faults/env_restarts"] == 2  # runner 0's, and runner 1's first (reported before it failed)
+    assert m["faults/dropped_episodes"] == 2 + 8  # one per env failure, and runner 1's 8 episodes in progress
+
+
+def test_a_failing_env_without_faults_changes_nothing(tmp_path, monkeypatch, tiny):
+    """The resilient vector env is Gymnasium's SyncVectorEnv when nothing fails: same parameters."""
+    import numpy as np
+
+    monkeypatch.setenv("SHOAL_FAULTS", "{}")
+    results = []
+    for env in ("CartPole-v1", FAULTY):
+        with shoal.make(tiny(env=env, seed=3)) as algo:
+            for _ in range(3):
+                algo.train()
+            results.append(algo.backend.get(algo.learner.call("get_weights")))
+    for k, v in results[0].items():
+        np.testing.assert_array_equal(v, results[1][k], err_msg=k)
+
+
+def test_a_kill_during_a_checkpoint_write_loses_nothing(tmp_path):
+    """A process killed while writing a checkpoint leaves the previous ones intact; resume goes on
+    from the newest complete one and still solves CartPole."""
+    run = tmp_path / "run"
+    crash = f"""
+import os, sys
+import shoal.checkpoint as ckpt
+original = ckpt.torch.save
+calls = [0]
+def save(obj, path, *args, **kwargs):
+    if ".ckpt_" in str(path) and str(path).endswith("policy.pt"):
+        calls[0] += 1
+        if calls[0] == 3:  # the third periodic checkpoint: killed after its first file
+            original(obj, path, *args, **kwargs)
+            os._exit(9)
+    return original(obj, path, *args, **kwargs)
+ckpt.torch.save = save
+from shoal.cli import main
+sys.exit(main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", {str(run)!r}, "--no-progress",
+               "--checkpoint-interval", "1024", "--total-steps", "100000", "--stop-return", "475"]))
+"""
+    out = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 9, out.stderr
+    from shoal import checkpoint as ckpt
+
+    complete = ckpt.checkpoints_in(run)
+    assert len(complete) == 2  # the two written before the kill; the third is not taken as one
+    assert list((run / "checkpoints").glob(".ckpt_*.tmp-*"))  # what the kill left half-written
+    assert ckpt.resolve(run) == complete[-1]
+    resumed = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "--resume", str(run)], capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "solved" in resumed.stderr + resumed.stdout
+    assert not list((run / "checkpoints").glob(".ckpt_*.tmp-*"))  # cleaned up by the resumed run
+
+
+def test_training_goes_on_through_an_env_server_restart(tmp_path):
+    from shoal.remote.envserver import EnvServer
+
+    a, b = EnvServer("CartPole-v1", 4, port=0).start(), EnvServer("CartPole-v1", 4, port=0).start()
+    port = b.server.port
+    restarted = []
+
+    def restart_b():
+        time.sleep(3.0)
+        b.stop(grace=0)
+        time.sleep(0.5)
+        restarted.append(EnvServer("CartPole-v1", 4, port=port).start())
+
+    thread = threading.Thread(target=restart_b)
+    config = cartpole(env=f"remote://{a.address},{b.address}/CartPole-v1", eval_interval=4096)
+    thread.start()
+    try:
+        summary = shoal.train(config, run_dir=tmp_path)
+    finally:
+        thread.join()
+        a.stop(grace=0)
+        for s in restarted:
+            s.stop(grace=0)
+    assert summary["best_eval_return"] >= 475, summary
+    m = last_metrics(tmp_path)
+    if summary["env_steps"] > 4096 and restarted:  # the restart happened while training ran
+        assert m["faults/env_restarts"] >= 1 and m["faults/dropped_episodes"] >= 4
+
+
+# -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
+PLAN = {
+    "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
+    "1010": ["hang@150:4"],  # seed 10: runner 0's first env stalls at step 150 (and is killed then)
+    "2020": ["hang@100:60"],  # seed 20: runner 1's first env stalls for a minute at step 100
+}
+
+
+@pytest.fixture(scope="module")
+def faulty_ray():
+    import ray
+
+    ray.init(address="local", include_dashboard=False, num_cpus=2, logging_level="ERROR",
+             runtime_env={"env_vars": {"SHOAL_FAULTS": json.dumps(PLAN)}})
+    yield
+    ray.shutdown()
+
+
+def solve(algo, budget=100_000):
+    """Train until an evaluation reaches 475 or the budget is spent; the best eval return."""
+    best = -1.0
+    while algo.env_steps < budget and best < 475:
+        algo.train()
+        if algo.iteration % 4 == 0:
+            best = max(best, algo.evaluate()["eval/return_mean"])
+    return best
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_a_runner_process_that_dies_mid_iteration_is_replaced(faulty_ray):
+    with shoal.make(cartpole(seed=0, backend="ray", num_env_runners=2)) as algo:
+        assert solve(algo) >= 475
+        m = algo.fault_metrics()
+    assert m["faults/runner_restarts"] == 1 and m["faults/dropped_episodes"] == 8
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_a_runner_killed_mid_iteration_is_replaced(faulty_ray):
+    import ray
+
+    with shoal.make(cartpole(seed=10, backend="ray", num_env_runners=2)) as algo:
+        for _ in range(4):  # iterations of 32 steps per env: step 150 falls in the 5th
+            algo.train()
+        victim = algo.runners[0]
+        killer = threading.Timer(1.0, lambda: ray.kill(victim.actor))  # while it stalls in step 150
+        killer.start()
+        start = time.monotonic()
+        metrics = algo.train()  # completes with runner 1's rollout
+        killer.join()
+        assert time.monotonic() - start < 3.5 and metrics["faults/runner_restarts"] == 1
+        assert algo.runners[0] is not victim
+        assert solve(algo) >= 475
+        assert algo.fault_metrics()["faults/runner_restarts"] == 1
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_a_runner_that_hangs_past_the_timeout_is_replaced(faulty_ray):
+    with shoal.make(cartpole(seed=20, backend="ray", num_env_runners=2, runner_timeout_s=3.0)) as algo:
+        assert solve(algo) >= 475
+        m = algo.fault_metrics()
+    assert m["faults/runner_restarts"] == 1
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(faulty_ray, tmp_path):
+    """--max-failures 1: the learner actor is killed at iteration 12; the roles are rebuilt from
+    the newest checkpoint and the run still solves CartPole."""
+    import ray
+
+    killed = []
+
+    def kill_learner(algo, metrics):
+        if algo.iteration == 12 and not killed:
+            killed.append(algo.env_steps)
+            ray.kill(algo.learner.actor)
+
+    config = cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2, max_failures=1,
+                      checkpoint_interval=2048)
+    summary = shoal.train(config, run_dir=tmp_path, callback=kill_learner)
+    assert killed and summary["failures"] == 1
+    assert summary["best_eval_return"] >= 475, summary
+    steps = [int(r.split(",")[1]) for r in (tmp_path / "progress.csv").read_text().splitlines()[1:]]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)  # the log continues from the checkpoint
+
+    killed.clear()
+    with pytest.raises(shoal.ShoalError, match="a role failed"):  # without --max-failures it fails clearly
+        shoal.train(cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2),
+                    run_dir=tmp_path / "again", callback=kill_learner)
