@@ -19,7 +19,7 @@ from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
 from shoal.envs import describe_space, env_spaces, space_from_description
-from shoal.errors import ShoalError
+from shoal.errors import RoleFailed, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
 from shoal.policy import Policy, set_weights
@@ -46,7 +46,7 @@ class Algorithm:
                              "their own rates, so each needs its own policy copy)")
         try:
             self.store = self.backend.weight_store()
-            shards = self._replay_shards() if self.apex else None
+            shards = self.shards = self._replay_shards() if self.apex else None
             extra = {"replay_shards": shards} if shards else {}
             self.learner = self.backend.make(self.spec.learner_cls, config, self.obs_space,
                                              self.action_space, self.store, name="learner", **extra)
@@ -166,7 +166,8 @@ class Algorithm:
         self.incarnations[i] += 1
         time.sleep(min(5.0, 0.1 * 2 ** min(self.incarnations[i], 6)))  # back off a runner that keeps failing
         self.runners[i] = self.backend.replace(
-            self.runners[i], EnvRunner, c, i, self.store, "default", None,
+            self.runners[i], EnvRunner, c, i, self.store, "default",
+            self.shards[i % len(self.shards)] if self.shards else None,
             self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
             name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
 
@@ -201,7 +202,12 @@ class Algorithm:
             ids = list(self.inflight)
             k = self.backend.wait_any([self.inflight[i] for i in ids] + [self.learner_future])
             if k < len(ids):  # a runner finished a rollout: count it and send it off again
-                summary = get(self.inflight[ids[k]])
+                try:
+                    summary = get(self.inflight[ids[k]])
+                except RoleFailed as e:  # the runner died or its envs failed too often: replace it
+                    self._restart_runner(ids[k], str(e))
+                    self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.rollout_steps)
+                    continue
                 steps += summary.env_steps
                 returns += summary.episode_returns
                 lengths += summary.episode_lengths
@@ -219,8 +225,12 @@ class Algorithm:
         finished rollout joins a bounded queue (as an ObjectRef: the data goes from runner to
         learner through the object store, not through the driver) and the learner takes up to
         ``batch_rollouts`` of them per update. A runner whose rollout finds the queue full waits
-        until there is room. An iteration ends when a learner update ends."""
+        until there is room; a runner that fails is replaced and samples again. An iteration
+        ends when a learner update ends."""
         c = self.config
+
+        def sample(i: int) -> None:  # (small status, rollout) refs; the driver only reads the status
+            self.inflight[i] = self.runners[i].call_checked("sample_checked", c.rollout_steps)
 
         def start_learner() -> None:
             if self.learner_future is None and self.queue:
@@ -230,23 +240,29 @@ class Algorithm:
             while self.held and len(self.queue) < c.queue_size:  # room again: release waiting runners
                 i, ref = self.held.popleft()
                 self.queue.append(ref)
-                self.inflight[i] = self.runners[i].call("sample", c.rollout_steps)
+                sample(i)
 
         waiting = {i for i, _ in self.held}
-        for i, runner in enumerate(self.runners):
+        for i in range(len(self.runners)):
             if i not in self.inflight and i not in waiting:
-                self.inflight[i] = runner.call("sample", c.rollout_steps)
+                sample(i)
         while True:
             start_learner()
             ids = list(self.inflight)
-            futures = [self.inflight[i] for i in ids]
+            futures = [self.inflight[i][0] for i in ids]
             k = self.backend.wait_any(futures + ([self.learner_future] if self.learner_future is not None else []))
             if k < len(ids):  # a rollout is finished: queue it, and sample the next if there is room
                 i = ids[k]
-                ref = self.inflight.pop(i)
+                status, ref = self.inflight.pop(i)
+                ok, failed = self.backend.collect({i: status}, 0.0)
+                if failed:
+                    self._restart_runner(i, failed[i])
+                    sample(i)
+                    continue
+                self.runner_health[i] = ok[i]
                 if len(self.queue) < c.queue_size:
                     self.queue.append(ref)
-                    self.inflight[i] = self.runners[i].call("sample", c.rollout_steps)
+                    sample(i)
                 else:
                     self.held.append((i, ref))
                 continue
@@ -255,7 +271,7 @@ class Algorithm:
             start_learner()  # the learner never waits for the driver's bookkeeping
             depth = float(np.mean(self.queue_depths)) if self.queue_depths else 0.0
             self.queue_depths.clear()
-            metrics = {**result.metrics, "learner/queue_depth": depth,
+            metrics = {**result.metrics, **self.fault_metrics(), "learner/queue_depth": depth,
                        "learner/queue_waiting_runners": float(len(self.held))}
             return UpdateResult(metrics, result.version, result.env_steps, result.episode_returns,
                                 result.episode_lengths)

@@ -133,6 +133,7 @@ PLAN = {
     "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
     "1010": ["hang@150:4"],  # seed 10: runner 0's first env stalls at step 150 (and is killed then)
     "2020": ["hang@100:60"],  # seed 20: runner 1's first env stalls for a minute at step 100
+    "1030": ["exit@200"],  # seed 30: runner 0's first env kills its process at step 200 (APPO)
 }
 
 
@@ -220,3 +221,19 @@ def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(faulty_ray,
     with pytest.raises(shoal.ShoalError, match="a role failed"):  # without --max-failures it fails clearly
         shoal.train(cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2),
                     run_dir=tmp_path / "again", callback=kill_learner)
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_the_asynchronous_loop_replaces_a_runner_that_dies(faulty_ray, tmp_path):
+    import dataclasses
+
+    from shoal.algos.appo import APPOConfig
+
+    config = build(APPOConfig, "appo", env="CartPole-v1", sets={
+        "seed": 30, "backend": "ray", "num_env_runners": 2, "stop_return": 475, "progress": False,
+        "tensorboard": False})
+    summary = shoal.train(dataclasses.replace(config, env=FAULTY), run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+    m = last_metrics(tmp_path)
+    assert m["faults/runner_restarts"] == 1 and m["faults/dropped_episodes"] == 8

@@ -75,7 +75,6 @@ def test_async_algorithms_solve_cartpole_with_two_runners(ray_cluster, tmp_path,
     config = build(get(algo).config_cls, algo, env="CartPole-v1",
                    sets={"backend": "ray", "num_env_runners": 2, "seed": 0, "stop_return": 475,
                          "progress": False, "tensorboard": False})
-    assert config.total_steps <= 300_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
     import csv
