@@ -58,6 +58,8 @@ class Algorithm:
                             for i in range(config.num_env_runners)]
             self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
             self.backend.get(self.learner.call("publish"))
+            # Wait for the runners to start, so that --runner-timeout-s bounds sampling only.
+            self.backend.get([r.call("ping") for r in self.runners])
         except BaseException:
             self.backend.shutdown()
             raise
@@ -170,6 +172,7 @@ class Algorithm:
             self.shards[i % len(self.shards)] if self.shards else None,
             self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
             name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
+        self.backend.get(self.runners[i].call("ping"))  # started (start-up is not sampling time)
 
     def fault_metrics(self) -> dict[str, float]:
         """Counters of what failed and was recovered, over the whole run."""

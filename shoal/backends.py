@@ -9,6 +9,7 @@ futures passed as arguments travel runner -> learner without passing through the
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from shoal.errors import RoleFailed, ShoalError
@@ -159,6 +160,11 @@ class RayBackend:
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             _check_reachable(config.address)
+            if config.address is None:
+                # Ray's GCS keeps events of the last 100,000 tasks for its dashboard; a long run
+                # makes millions, and that history alone grew ~9 MiB a minute here (MEASURED in
+                # benchmarks/soak_faults.py). shoal starts no dashboard: keep 10,000.
+                os.environ.setdefault("RAY_task_events_max_num_task_in_gcs", "10000")
             try:
                 # "local": always a new cluster when no address is given; a bare ray.init() would
                 # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.

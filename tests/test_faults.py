@@ -100,39 +100,36 @@ sys.exit(main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", {str(run)!r}
 
 
 def test_training_goes_on_through_an_env_server_restart(tmp_path):
+    """Server b is stopped and started again on its port at iteration 5: the runner reconnects,
+    b's 4 episodes in progress are dropped and counted, and PPO still solves CartPole."""
     from shoal.remote.envserver import EnvServer
 
     a, b = EnvServer("CartPole-v1", 4, port=0).start(), EnvServer("CartPole-v1", 4, port=0).start()
-    port = b.server.port
-    restarted = []
+    servers = [a, b]
 
-    def restart_b():
-        time.sleep(3.0)
-        b.stop(grace=0)
-        time.sleep(0.5)
-        restarted.append(EnvServer("CartPole-v1", 4, port=port).start())
+    def restart_b(algo, metrics):
+        if algo.iteration == 5:
+            port = servers[1].server.port
+            servers[1].stop(grace=0)
+            servers[1] = EnvServer("CartPole-v1", 4, port=port).start()
 
-    thread = threading.Thread(target=restart_b)
-    config = cartpole(env=f"remote://{a.address},{b.address}/CartPole-v1", eval_interval=4096)
-    thread.start()
+    config = cartpole(env=f"remote://{a.address},{b.address}/CartPole-v1")
     try:
-        summary = shoal.train(config, run_dir=tmp_path)
+        summary = shoal.train(config, run_dir=tmp_path, callback=restart_b)
     finally:
-        thread.join()
-        a.stop(grace=0)
-        for s in restarted:
+        for s in servers:
             s.stop(grace=0)
     assert summary["best_eval_return"] >= 475, summary
     m = last_metrics(tmp_path)
-    if summary["env_steps"] > 4096 and restarted:  # the restart happened while training ran
-        assert m["faults/env_restarts"] >= 1 and m["faults/dropped_episodes"] >= 4
+    assert m["faults/env_restarts"] == 1 and m["faults/dropped_episodes"] == 4
+    assert servers[1].steps_served > 0  # the new server took over b's share
 
 
 # -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
 PLAN = {
     "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
     "1010": ["hang@150:4"],  # seed 10: runner 0's first env stalls at step 150 (and is killed then)
-    "2020": ["hang@100:60"],  # seed 20: runner 1's first env stalls for a minute at step 100
+    "2020": ["hang@100:120"],  # seed 20: runner 1's first env stalls for two minutes at step 100
     "1030": ["exit@200"],  # seed 30: runner 0's first env kills its process at step 200 (APPO)
 }
 
@@ -189,7 +186,7 @@ def test_a_runner_killed_mid_iteration_is_replaced(faulty_ray):
 @pytest.mark.ray
 @pytest.mark.xdist_group("ray")
 def test_a_runner_that_hangs_past_the_timeout_is_replaced(faulty_ray):
-    with shoal.make(cartpole(seed=20, backend="ray", num_env_runners=2, runner_timeout_s=3.0)) as algo:
+    with shoal.make(cartpole(seed=20, backend="ray", num_env_runners=2, runner_timeout_s=10.0)) as algo:
         assert solve(algo) >= 475
         m = algo.fault_metrics()
     assert m["faults/runner_restarts"] == 1

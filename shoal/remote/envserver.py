@@ -60,7 +60,7 @@ class EnvServer:
             "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
             "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
             "Close": (self.close, pb.CloseRequest)}, streams={"StepStream": (self.step, pb.StepRequest)},
-            **server_options)
+            **{"workers": max_sessions + 8, **server_options})  # an open StepStream holds a worker thread
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
 
