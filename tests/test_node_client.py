@@ -15,7 +15,9 @@ from shoal.remote.envserver import EnvServer
 CLIENT = Path(__file__).parent.parent / "examples" / "node_env_client"
 TOKEN = "node-client-test-token-0123456789"
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+# One worker runs both (xdist_group): the fixture's `npm ci` must not run twice at once.
+pytestmark = [pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed"),
+              pytest.mark.xdist_group("node")]
 
 
 @pytest.fixture(scope="module")
