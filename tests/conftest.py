@@ -23,3 +23,17 @@ def small_ppo(**overrides):
 @pytest.fixture
 def tiny():
     return small_ppo
+
+
+def start_ray(**kwargs):
+    """ray.init for a test module, tried twice: on a loaded 2-core machine a new cluster's GCS can
+    miss Ray's start-up deadline once (seen while the other test worker saturated both cores)."""
+    import ray
+
+    for attempt in range(2):
+        try:
+            return ray.init(address="local", include_dashboard=False, num_cpus=2, logging_level="ERROR", **kwargs)
+        except Exception:  # Ray raises RuntimeError or a plain Exception for node start-up timeouts
+            ray.shutdown()
+            if attempt == 1:
+                raise

@@ -138,8 +138,9 @@ PLAN = {
 def faulty_ray():
     import ray
 
-    ray.init(address="local", include_dashboard=False, num_cpus=2, logging_level="ERROR",
-             runtime_env={"env_vars": {"SHOAL_FAULTS": json.dumps(PLAN)}})
+    from conftest import start_ray
+
+    start_ray(runtime_env={"env_vars": {"SHOAL_FAULTS": json.dumps(PLAN)}})
     yield
     ray.shutdown()
 

@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray cluste
 def ray_cluster():
     import ray
 
-    ray.init(address="local", include_dashboard=False, num_cpus=2, logging_level="ERROR")
+    from conftest import start_ray
+
+    start_ray()
     yield
     ray.shutdown()
 
