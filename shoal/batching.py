@@ -91,8 +91,7 @@ def batched(max_batch: int = 64, max_wait_ms: float = 2.0) -> Callable[[Callable
                     batcher = per_instance[owner] = Batcher(functools.partial(fn, owner), max_batch, max_wait_ms)
             return batcher(request)
 
-        call.batchers = per_instance  # type: ignore[attr-defined]  (for metrics and tests)
-        call.plain = plain  # type: ignore[attr-defined]
+        call.plain = plain  # type: ignore[attr-defined]  (a plain function's batcher, for metrics and tests)
         return call
 
     return decorate

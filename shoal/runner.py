@@ -77,7 +77,6 @@ class EnvRunner:
         # Distinct streams per runner, fixed per seed; a restarted runner (incarnation > 0) draws
         # new ones, so an env that failed deterministically does not fail the same way again.
         seed = config.seed + 1000 * (runner_id + 1) + 1_000_003 * incarnation
-        self.incarnation = incarnation
         self.dropped_episodes = 0  # episodes lost to env failures (and, remotely, to server restarts)
         self.generator = torch.Generator().manual_seed(seed)
         self.obs, _ = self.env.reset(seed=seed)
@@ -116,7 +115,6 @@ class EnvRunner:
         returns: list[float] = []
         lengths: list[int] = []
         for t in range(num_steps):
-            x = torch.as_tensor(self.obs)
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
             if central:  # one request per step; the server batches it with other runners'
@@ -125,7 +123,7 @@ class EnvRunner:
                 a = torch.tensor(a_np)  # a copy: Ray hands back read-only arrays
                 obs[t], logp[t] = xn_np, logp_np
             else:
-                xn = m.normalize(x)
+                xn = m.normalize(torch.as_tensor(self.obs))
                 a, logp_t = m.explore(xn, self.generator)
                 obs[t] = xn.numpy()
                 logp[t] = logp_t.numpy()
