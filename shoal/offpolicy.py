@@ -8,6 +8,7 @@ learner stores them in its ReplayBuffer and makes as many updates as the rate li
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult
-from shoal.policy import PolicyModule, mlp
+from shoal.policy import PolicyModule
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
@@ -98,16 +99,36 @@ def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
-class QCritic(nn.Module):
-    """Q(s, a) for continuous actions: an MLP on the concatenated observation and action."""
+class QCritics(nn.Module):
+    """K independent critics Q_k(s, a) for continuous actions, MLPs on the concatenated observation
+    and action, evaluated together: each layer is one batched matmul over the K critics' stacked
+    weights rather than K small ones (TD3's and SAC's twin critics cost one pass, not two).
+    """
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str):
+    def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str):
         super().__init__()
-        act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.net = mlp([obs_dim + action_dim, *hidden_sizes, 1], act, out_gain=1.0)
+        self.k = k
+        self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
+        sizes = [obs_dim + action_dim, *hidden_sizes, 1]
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            gain = 1.0 if i == len(sizes) - 2 else math.sqrt(2)  # as mlp(): orthogonal, zero bias
+            w = torch.stack([nn.init.orthogonal_(torch.empty(n_out, n_in), gain).T for _ in range(k)])
+            self.weights.append(nn.Parameter(w))  # [K, in, out]
+            self.biases.append(nn.Parameter(torch.zeros(k, 1, n_out)))
 
-    def forward(self, obs: Tensor, actions: Tensor) -> Tensor:  # [N]
-        return self.net(torch.cat([obs, actions], dim=-1)).squeeze(-1)
+    def forward(self, obs: Tensor, actions: Tensor, members: slice = slice(None),
+                detach_weights: bool = False) -> Tensor:
+        """Q-values [K', N] of the critics in ``members`` (all by default). With
+        ``detach_weights`` gradients reach the inputs (dQ/da for an actor) but not the weights."""
+        layers = [(w[members], b[members]) for w, b in zip(self.weights, self.biases)]
+        if detach_weights:
+            layers = [(w.detach(), b.detach()) for w, b in layers]
+        x = torch.cat([obs, actions], dim=-1)
+        h = x.expand(layers[0][0].shape[0], *x.shape)
+        for i, (w, b) in enumerate(layers):
+            h = torch.baddbmm(b, self.activation(h) if i else h, w)
+        return h.squeeze(-1)
 
 
 class ScaledActions(PolicyModule):

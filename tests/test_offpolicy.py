@@ -1,4 +1,5 @@
-"""Off-policy mechanics: TD targets, the squashed Gaussian, dueling, action scaling, exact resume."""
+"""Off-policy mechanics: TD targets, the squashed Gaussian, dueling, batched critics, SAC's joint
+step, action scaling, exact resume."""
 
 import gymnasium as gym
 import numpy as np
@@ -8,8 +9,11 @@ from torch.distributions import Normal, TanhTransform, TransformedDistribution
 
 import shoal
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
-from shoal.algos.sac import SACConfig, SquashedGaussianActor
+from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.algos.td3 import DeterministicActor
+from shoal.offpolicy import QCritics
+from shoal.replay import Transitions
+from shoal.weights import WeightStore
 
 BOX = gym.spaces.Box(-1, 1, (3,))
 
@@ -28,6 +32,61 @@ def test_dueling_head_advantages_have_zero_mean():
     x = torch.randn(5, 3)
     h = net.trunk(x)
     torch.testing.assert_close(net(x).mean(-1), net.value_head(h).squeeze(-1))
+
+
+def test_batched_critics_equal_separate_mlps_and_can_hide_their_weights():
+    torch.manual_seed(0)
+    critics = QCritics(3, 4, 2, (16, 8), "relu")
+    obs, actions = torch.randn(7, 4), torch.randn(7, 2, requires_grad=True)
+
+    def one(k, x):  # critic k as a plain MLP on [obs, action]
+        w, b = [w[k] for w in critics.weights], [b[k, 0] for b in critics.biases]
+        h = torch.relu(x @ w[0] + b[0])
+        h = torch.relu(h @ w[1] + b[1])
+        return (h @ w[2] + b[2]).squeeze(-1)
+
+    x = torch.cat([obs, actions], -1)
+    torch.testing.assert_close(critics(obs, actions), torch.stack([one(k, x) for k in range(3)]))
+    torch.testing.assert_close(critics(obs, actions, members=slice(1, 2))[0], one(1, x))
+    # Orthogonal init per critic: each member's hidden weights have orthonormal rows.
+    w = critics.weights[1][2]  # [16 in, 8 out]
+    torch.testing.assert_close(w.T @ w, 2.0 * torch.eye(8), atol=1e-5, rtol=0)
+    critics(obs, actions, detach_weights=True).sum().backward()
+    assert actions.grad is not None and actions.grad.abs().sum() > 0
+    assert all(p.grad is None for p in critics.parameters())
+
+
+def test_sac_joint_step_gives_each_loss_only_its_own_parameters():
+    config = SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), learning_starts=0)
+    learner = SACLearner(config, gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    n = 16
+    g = torch.Generator().manual_seed(1)
+    b = Transitions(obs=torch.randn(n, 3, generator=g), actions=torch.rand(n, 1, generator=g) * 2 - 1,
+                    rewards=torch.randn(n, generator=g), next_obs=torch.randn(n, 3, generator=g),
+                    discounts=torch.full((n,), 0.99), weights=torch.ones(n), indices=np.arange(n))
+    critic0 = [p.detach().clone() for p in learner.critics.parameters()]
+    learner.generator.manual_seed(5)
+    learner.train_batch(b)
+    # The same losses written as separate steps' gradients, with the same noise.
+    learner2 = SACLearner(config, gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    learner2.generator.manual_seed(5)
+    alpha = learner2.log_alpha.exp().detach()
+    with torch.no_grad():
+        next_a, next_logp = learner2.policy.sample(b.next_obs, learner2.generator)
+        next_q = learner2.target_critics(b.next_obs, next_a).min(0).values
+        target = b.rewards + b.discounts * (next_q - alpha * next_logp)
+    critic_loss = (learner2.critics(b.obs, b.actions) - target).pow(2).sum(0).mean() * 0.5
+    critic_grads = torch.autograd.grad(critic_loss, list(learner2.critics.parameters()))
+    a, logp = learner2.policy.sample(b.obs, learner2.generator)
+    actor_loss = (alpha * logp - learner2.critics(b.obs, a).min(0).values).mean()
+    actor_grads = torch.autograd.grad(actor_loss, list(learner2.policy.parameters()))
+    # One Adam step from zero moments moves each parameter by -lr * g / (|g| + eps): its sign.
+    for p0, p1, gr in zip(critic0, learner.critics.parameters(), critic_grads):
+        moved = p1.detach() - p0
+        torch.testing.assert_close(moved, -config.lr * gr / (gr.abs() + 1e-8), atol=1e-6, rtol=1e-4)
+    for p0, p1, gr in zip(learner2.policy.parameters(), learner.policy.parameters(), actor_grads):
+        torch.testing.assert_close(p1.detach() - p0.detach(), -config.lr * gr / (gr.abs() + 1e-8),
+                                   atol=1e-6, rtol=1e-4)
 
 
 def test_squashed_gaussian_log_prob_matches_torch():

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritic, ScaledActions, polyak, target_copy
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak, target_copy
 from shoal.policy import mlp
 from shoal.replay import Transitions
 
@@ -79,65 +79,59 @@ def make_policy(config: SACConfig, obs_space, action_space) -> SquashedGaussianA
 
 
 class SACLearner(OffPolicyLearner):
-    """Soft Q-targets with twin critics, reparameterised actor loss, temperature tuning."""
+    """Soft Q-targets with twin critics, reparameterised actor loss, temperature tuning.
+
+    The three losses are taken on the same parameters and minimised by one Adam step, as in the
+    authors' implementation (softlearning runs the Q, policy and temperature updates as one
+    group): the actor's loss reaches the critics only through dQ/da, the temperature's loss
+    only through log alpha, so the step equals three separate ones on those parameters.
+    """
 
     def __init__(self, config: SACConfig, obs_space, action_space, store, policy_id: str = "default",
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
-        self.critics = nn.ModuleList([QCritic(*dims), QCritic(*dims)])
+        self.critics = QCritics(2, *dims)
         self.target_critics = target_copy(self.critics)
         self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), requires_grad=config.alpha is None)
         self.target_entropy = -float(self.policy.action_dim) if config.target_entropy is None else config.target_entropy
-        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, fused=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=config.lr)
+        params = [*self.policy.parameters(), *self.critics.parameters()]
+        self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
+                                          lr=config.lr, fused=True)
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         c = self.config
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():  # soft target: min of twin target critics minus alpha * log pi (eq. 3)
             next_a, next_logp = self.policy.sample(b.next_obs, self.generator)
-            next_q = torch.min(*(q(b.next_obs, next_a) for q in self.target_critics))
+            next_q = self.target_critics(b.next_obs, next_a).min(0).values
             target = b.rewards + b.discounts * (next_q - alpha * next_logp)
-        q1, q2 = (q(b.obs, b.actions) for q in self.critics)
-        critic_loss = (b.weights * ((q1 - target).pow(2) + (q2 - target).pow(2))).mean() * 0.5
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optimizer.step()
-
+        qs = self.critics(b.obs, b.actions)  # [2, N]
+        critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
         a, logp = self.policy.sample(b.obs, self.generator)  # reparameterised (eq. 7)
-        self.critics.requires_grad_(False)  # the actor loss needs dQ/da, not the critics' weight gradients
-        q_pi = torch.min(*(q(b.obs, a) for q in self.critics))
+        q_pi = self.critics(b.obs, a, detach_weights=True).min(0).values  # dQ/da, no critic gradients
         actor_loss = (alpha * logp - q_pi).mean()
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_optimizer.step()
-        self.critics.requires_grad_(True)
-
+        loss = critic_loss + actor_loss
+        if c.alpha is None:  # temperature towards the target entropy (eq. 18)
+            loss = loss - (self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        polyak(self.target_critics, self.critics, c.tau)
         metrics = {"loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(),
                    "learner/alpha": alpha, "learner/entropy": -logp.detach().mean()}
-        if c.alpha is None:  # temperature towards the target entropy (eq. 18)
-            alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_optimizer.step()
-        polyak(self.target_critics, self.critics, c.tau)
-        return metrics, (q1 - target).detach().abs() if c.prioritized else None
+        return metrics, (qs[0] - target).detach().abs() if c.prioritized else None
 
     def extra_state(self) -> dict[str, Any]:
         return {"critics": self.critics.state_dict(), "target_critics": self.target_critics.state_dict(),
-                "log_alpha": self.log_alpha.detach().clone(), "actor_opt": self.actor_optimizer.state_dict(),
-                "critic_opt": self.critic_optimizer.state_dict(), "alpha_opt": self.alpha_optimizer.state_dict()}
+                "log_alpha": self.log_alpha.detach().clone(), "optimizer": self.optimizer.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.critics.load_state_dict(state["critics"])
         self.target_critics.load_state_dict(state["target_critics"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_opt"])
-        self.critic_optimizer.load_state_dict(state["critic_opt"])
-        self.alpha_optimizer.load_state_dict(state["alpha_opt"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
 
 register(AlgoSpec("sac", SACConfig, SACLearner, make_policy, "sync",

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritic, ScaledActions, polyak, target_copy
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak, target_copy
 from shoal.policy import mlp
 from shoal.replay import Transitions
 
@@ -87,7 +87,7 @@ class TD3Learner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
-        self.critics = nn.ModuleList([QCritic(*dims) for _ in range(2 if config.twin_critics else 1)])
+        self.critics = QCritics(2 if config.twin_critics else 1, *dims)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
         self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
@@ -101,18 +101,18 @@ class TD3Learner(OffPolicyLearner):
             if c.target_noise > 0:  # target policy smoothing (Sec. 5.3)
                 noise = (torch.randn(next_a.shape, generator=self.generator) * c.target_noise).clamp(-c.target_noise_clip, c.target_noise_clip)
                 next_a = (next_a + noise).clamp(-1, 1)
-            next_q = torch.stack([q(b.next_obs, next_a) for q in self.target_critics]).min(0).values
+            next_q = self.target_critics(b.next_obs, next_a).min(0).values
             target = b.rewards + b.discounts * next_q  # [N]
-        qs = [q(b.obs, b.actions) for q in self.critics]
+        qs = self.critics(b.obs, b.actions)  # [K, N]
         td = qs[0] - target
-        critic_loss = sum((b.weights * (q - target).pow(2)).mean() for q in qs)
+        critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean()
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
         self.critic_optimizer.step()
         metrics = {"loss/critic": critic_loss.detach(), "learner/q_mean": qs[0].detach().mean()}
         if (self.updates + 1) % c.policy_delay == 0:  # delayed actor and target updates (Sec. 5.2)
             self.critics.requires_grad_(False)  # dQ/da only: skip the critics' weight gradients
-            actor_loss = -self.critics[0](b.obs, self.policy(b.obs)).mean()
+            actor_loss = -self.critics(b.obs, self.policy(b.obs), members=slice(0, 1)).mean()
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()
