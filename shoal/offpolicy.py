@@ -140,8 +140,8 @@ class ScaledActions(PolicyModule):
             raise ShoalError("this algorithm needs continuous (Box) actions; use dqn or ppo for discrete ones")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise ShoalError(f"action space {action_space} has infinite bounds: the actor cannot scale to it")
-        self.register_buffer("low", torch.as_tensor(action_space.low.reshape(-1), dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(action_space.high.reshape(-1), dtype=torch.float32))
+        self.register_buffer("low", torch.tensor(action_space.low.reshape(-1), dtype=torch.float32))
+        self.register_buffer("high", torch.tensor(action_space.high.reshape(-1), dtype=torch.float32))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
     def to_env(self, actions: Tensor) -> np.ndarray:

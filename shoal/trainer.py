@@ -5,7 +5,10 @@ Logging, evaluation, checkpoints, progress and plots happen here, once, for ever
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +24,26 @@ from shoal.rundir import RunDir
 
 
 class Interrupted(ShoalError):
-    """The user stopped the run (Ctrl-C); a checkpoint was written."""
+    """The user stopped the run (Ctrl-C, or SIGTERM from a scheduler or `timeout`); a checkpoint
+    was written."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c():
+    """Within, SIGTERM stops training as Ctrl-C does (checkpoint, then the resume line). Set once
+    the roles run, since starting Ray installs its own SIGTERM handler; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:  # a handler set outside Python (Ray's) cannot be put back: the default then
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _progress(enabled: bool, console: Console) -> Progress:
@@ -72,7 +94,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
 
     name = f"{algo.spec.name} {c.env}"
     try:
-        with _progress(c.progress, console) as bar:
+        with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
             while algo.env_steps < c.total_steps and not solved:
                 metrics = algo.train()

@@ -133,14 +133,15 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     assert len(rows(tmp_path / "full")) == len(rows(tmp_path / "killed"))  # no duplicated iterations
 
 
-def test_ctrl_c_writes_a_checkpoint_and_the_run_resumes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; a scheduler's or timeout's stop
+def test_ctrl_c_or_sigterm_writes_a_checkpoint_and_the_run_resumes(sig, tmp_path):
     run = tmp_path / "run"
     p = _shoal("train", "ppo", "--env", "CartPole-v1", "--total-steps", "200000", "--no-progress",
                "--no-tensorboard", "--run-dir", str(run))
     deadline = time.time() + 120
     while not (run / "progress.csv").exists() and time.time() < deadline:
         time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "continue with: shoal train --resume" in err and "Traceback" not in err
