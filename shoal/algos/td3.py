@@ -111,12 +111,11 @@ class TD3Learner(OffPolicyLearner):
         self.critic_optimizer.step()
         metrics = {"loss/critic": critic_loss.detach(), "learner/q_mean": qs[0].detach().mean()}
         if (self.updates + 1) % c.policy_delay == 0:  # delayed actor and target updates (Sec. 5.2)
-            self.critics.requires_grad_(False)  # dQ/da only: skip the critics' weight gradients
-            actor_loss = -self.critics(b.obs, self.policy(b.obs), members=slice(0, 1)).mean()
+            # dQ/da only: the critics' weights are detached, so their gradients are not computed
+            actor_loss = -self.critics(b.obs, self.policy(b.obs), members=slice(0, 1), detach_weights=True).mean()
             self.actor_optimizer.zero_grad(set_to_none=True)
             actor_loss.backward()
             self.actor_optimizer.step()
-            self.critics.requires_grad_(True)
             polyak(self.target_critics, self.critics, c.tau)
             polyak(self.target_actor, self.policy, c.tau)
             self.last_actor_loss = actor_loss.detach()
