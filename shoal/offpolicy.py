@@ -100,16 +100,19 @@ def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 class QCritics(nn.Module):
-    """K independent critics Q_k(s, a) for continuous actions, MLPs on the concatenated observation
-    and action, evaluated together: each layer is one batched matmul over the K critics' stacked
-    weights rather than K small ones (TD3's and SAC's twin critics cost one pass, not two).
+    """K independent critics evaluated together: each layer is one batched matmul over the K
+    critics' stacked weights rather than K small ones (TD3's and SAC's twin critics cost one
+    pass, not two). For continuous actions each critic is an MLP on the concatenated observation
+    and action giving Q(s, a); with ``discrete`` it is an MLP on the observation giving Q(s, .)
+    for every action, as DQN's network.
     """
 
-    def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str):
+    def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str,
+                 discrete: bool = False):
         super().__init__()
-        self.k = k
+        self.k, self.discrete = k, discrete
         self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
-        sizes = [obs_dim + action_dim, *hidden_sizes, 1]
+        sizes = [obs_dim, *hidden_sizes, action_dim] if discrete else [obs_dim + action_dim, *hidden_sizes, 1]
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             gain = 1.0 if i == len(sizes) - 2 else math.sqrt(2)  # as mlp(): orthogonal, zero bias
@@ -117,18 +120,19 @@ class QCritics(nn.Module):
             self.weights.append(nn.Parameter(w))  # [K, in, out]
             self.biases.append(nn.Parameter(torch.zeros(k, 1, n_out)))
 
-    def forward(self, obs: Tensor, actions: Tensor, members: slice = slice(None),
+    def forward(self, obs: Tensor, actions: Tensor | None = None, members: slice = slice(None),
                 detach_weights: bool = False) -> Tensor:
-        """Q-values [K', N] of the critics in ``members`` (all by default). With
+        """Q-values of the critics in ``members`` (all by default): [K', N] of (obs, actions) for
+        continuous actions; [K', N, actions] for discrete ones (no ``actions`` argument). With
         ``detach_weights`` gradients reach the inputs (dQ/da for an actor) but not the weights."""
         layers = [(w[members], b[members]) for w, b in zip(self.weights, self.biases)]
         if detach_weights:
             layers = [(w.detach(), b.detach()) for w, b in layers]
-        x = torch.cat([obs, actions], dim=-1)
+        x = obs if self.discrete else torch.cat([obs, actions], dim=-1)
         h = x.expand(layers[0][0].shape[0], *x.shape)
         for i, (w, b) in enumerate(layers):
             h = torch.baddbmm(b, self.activation(h) if i else h, w)
-        return h.squeeze(-1)
+        return h if self.discrete else h.squeeze(-1)
 
 
 class ScaledActions(PolicyModule):
@@ -137,7 +141,7 @@ class ScaledActions(PolicyModule):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space):
         super().__init__(obs_space, action_space, normalize_obs=False)
         if self.discrete:
-            raise ShoalError("this algorithm needs continuous (Box) actions; use dqn or ppo for discrete ones")
+            raise ShoalError("this algorithm needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise ShoalError(f"action space {action_space} has infinite bounds: the actor cannot scale to it")
         self.register_buffer("low", torch.tensor(action_space.low.reshape(-1), dtype=torch.float32))

@@ -43,8 +43,9 @@ SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytes
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_dqn_solves_cartpole_within_100k_steps(seed, tmp_path):
-    config = offpolicy("dqn", "CartPole-v1", seed=seed, stop_return=475)
+@pytest.mark.parametrize("algo", ["dqn", "sac"])  # sac: SAC-Discrete
+def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, seed, tmp_path):
+    config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475)
     assert config.total_steps <= 100_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary

@@ -1,11 +1,11 @@
 """Off-policy mechanics: TD targets, the squashed Gaussian, dueling, batched critics, SAC's joint
-step, action scaling, exact resume."""
+step (continuous and discrete), action scaling, exact resume."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Normal, TanhTransform, TransformedDistribution
+from torch.distributions import Categorical, Normal, TanhTransform, TransformedDistribution
 
 import shoal
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
@@ -89,6 +89,70 @@ def test_sac_joint_step_gives_each_loss_only_its_own_parameters():
                                    atol=1e-6, rtol=1e-4)
 
 
+def test_discrete_critics_give_every_actions_value():
+    torch.manual_seed(0)
+    critics = QCritics(2, 4, 3, (16,), "relu", discrete=True)
+    obs = torch.randn(5, 4)
+    for k in range(2):
+        w, b = [w[k] for w in critics.weights], [b[k, 0] for b in critics.biases]
+        torch.testing.assert_close(critics(obs)[k], torch.relu(obs @ w[0] + b[0]) @ w[1] + b[1])
+    assert critics(obs).shape == (2, 5, 3)
+
+
+def test_discrete_sac_step_follows_the_papers_losses():
+    """SAC-Discrete (Christodoulou 2019): eq. 10's soft target, eq. 12's actor loss and eq. 11's
+    temperature loss, written per action with torch's Categorical, give the joint step's moves."""
+    obs_space, actions = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3)
+    config = SACConfig(env="CartPole-v1", hidden_sizes=(32, 32), learning_starts=0, alpha_init=0.3)
+    learner, learner2 = (SACLearner(config, obs_space, actions, WeightStore()) for _ in range(2))
+    n = 16
+    g = torch.Generator().manual_seed(1)
+    b = Transitions(obs=torch.randn(n, 4, generator=g), actions=torch.randint(0, 3, (n,), generator=g),
+                    rewards=torch.randn(n, generator=g), next_obs=torch.randn(n, 4, generator=g),
+                    discounts=torch.full((n,), 0.99), weights=torch.ones(n), indices=np.arange(n))
+    learner.train_batch(b)
+
+    critics, policy, log_alpha = learner2.critics, learner2.policy, learner2.log_alpha
+    alpha = log_alpha.exp().detach()
+    with torch.no_grad():
+        pi_next = Categorical(logits=policy.logits(b.next_obs))
+        q_next = [learner2.target_critics(b.next_obs, members=slice(k, k + 1))[0] for k in range(2)]
+        v_next = sum(pi_next.probs[:, a] * (torch.minimum(q_next[0][:, a], q_next[1][:, a])
+                                            - alpha * pi_next.logits[:, a]) for a in range(3))
+        y = b.rewards + b.discounts * v_next
+    q = [critics(b.obs, members=slice(k, k + 1))[0] for k in range(2)]
+    critic_loss = sum(0.5 * (qk[torch.arange(n), b.actions] - y).pow(2).mean() for qk in q)
+    pi = Categorical(logits=policy.logits(b.obs))
+    q_min = torch.minimum(q[0], q[1]).detach()
+    actor_loss = sum(pi.probs[:, a] * (alpha * pi.logits[:, a] - q_min[:, a]) for a in range(3)).mean()
+    target_entropy = config.target_entropy_scale * np.log(3)
+    alpha_loss = -(log_alpha * (-pi.entropy().detach() + target_entropy)).mean()
+    grads = [*torch.autograd.grad(critic_loss, list(critics.parameters())),
+             *torch.autograd.grad(actor_loss, list(policy.parameters())),
+             torch.autograd.grad(alpha_loss, log_alpha)[0]]
+    before = [*critics.parameters(), *policy.parameters(), log_alpha]
+    after = [*learner.critics.parameters(), *learner.policy.parameters(), learner.log_alpha]
+    # One Adam step from zero moments moves each parameter by -lr * g / (|g| + eps).
+    for p0, p1, gr in zip(before, after, grads, strict=True):
+        torch.testing.assert_close(p1.detach() - p0.detach(), -config.lr * gr / (gr.abs() + 1e-8),
+                                   atol=1e-6, rtol=1e-4)
+
+
+def test_categorical_actor_explores_uniformly_then_by_its_probabilities():
+    from shoal.algos.sac import CategoricalActor
+
+    actor = CategoricalActor(BOX, gym.spaces.Discrete(3), (8,), "relu")
+    with torch.no_grad():
+        actor.logits[-1].bias.copy_(torch.tensor([0.0, np.log(3.0), -30.0]))  # pi ~ (1/4, 3/4, 0)
+    x, g = torch.zeros(8000, 3), torch.Generator().manual_seed(0)
+    counts = np.bincount(actor.explore(x, g)[0].numpy(), minlength=3) / len(x)
+    np.testing.assert_allclose(counts, [1 / 3] * 3, atol=0.03)  # before learning starts
+    actor.random_actions.fill_(False)
+    counts = np.bincount(actor.explore(x, g)[0].numpy(), minlength=3) / len(x)
+    np.testing.assert_allclose(counts, [0.25, 0.75, 0.0], atol=0.03)
+    assert (actor.act(x[:4], deterministic=True) == 1).all()
+
+
 def test_squashed_gaussian_log_prob_matches_torch():
     torch.manual_seed(0)
     actor = SquashedGaussianActor(BOX, gym.spaces.Box(-2, 2, (2,)), (16,), "relu")
@@ -116,6 +180,7 @@ def test_epsilon_schedule():
 
 @pytest.mark.parametrize("cls, env, extra", [
     (SACConfig, "Pendulum-v1", {}),
+    (SACConfig, "CartPole-v1", {"n_step": 3}),  # SAC-Discrete
     (DQNConfig, "CartPole-v1", {"prioritized": True, "n_step": 3, "dueling": True}),
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, cls, env, extra):
