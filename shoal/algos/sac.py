@@ -96,7 +96,7 @@ class CategoricalActor(PolicyModule):
         return F.log_softmax(self.logits(x), dim=-1)
 
     def _sample(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        return torch.multinomial(self.log_probs(x).exp(), 1, generator=generator).squeeze(-1)
+        return torch.multinomial(F.softmax(self.logits(x), dim=-1), 1, generator=generator).squeeze(-1)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         if self.random_actions:
@@ -165,7 +165,7 @@ class SACLearner(OffPolicyLearner):
             next_q = self.target_critics(b.next_obs).min(0).values
             target = b.rewards + b.discounts * (next_logp.exp() * (next_q - alpha * next_logp)).sum(-1)
         q_all = self.critics(b.obs)  # [2, N, actions]
-        qs = q_all.gather(-1, b.actions.long().expand(2, -1)[..., None]).squeeze(-1)  # [2, N]
+        qs = q_all.gather(-1, b.actions.expand(len(q_all), -1)[..., None]).squeeze(-1)  # [2, N]
         critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
         logp = self.policy.log_probs(b.obs)
         p = logp.exp()
