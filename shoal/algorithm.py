@@ -19,7 +19,7 @@ from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
 from shoal.envs import describe_space, env_spaces, space_from_description
-from shoal.errors import RoleFailed, ShoalError
+from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
 from shoal.policy import Policy, set_weights
@@ -207,6 +207,8 @@ class Algorithm:
             if k < len(ids):  # a runner finished a rollout: count it and send it off again
                 try:
                     summary = get(self.inflight[ids[k]])
+                except SharedObjectLost:
+                    raise  # the learner's weights died with it: restart the run, not this runner
                 except RoleFailed as e:  # the runner died or its envs failed too often: replace it
                     self._restart_runner(ids[k], str(e))
                     self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.rollout_steps)

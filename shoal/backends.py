@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from shoal.errors import RoleFailed, ShoalError
+from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.weights import WeightStore
 
 
@@ -198,6 +198,7 @@ class RayBackend:
             cause = getattr(e, "cause", None)
             if isinstance(cause, ShoalError):  # a user-facing error raised inside a role
                 raise type(cause)(str(cause)) from None
+            _raise_if_shared_object_lost(e)
             lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             raise RoleFailed(f"{type(e).__name__}: {lines[-1][:300] if lines else e}") from e
 
@@ -224,6 +225,7 @@ class RayBackend:
             try:
                 ok[i] = ray.get(ref)
             except (ray.exceptions.RayError, ShoalError) as e:
+                _raise_if_shared_object_lost(e)
                 failed[i] = str(e).strip().splitlines()[-1][:300]
         return ok, failed
 
@@ -261,6 +263,18 @@ class RayBackend:
         self.actors.clear()
         if self.owns_ray:
             ray.shutdown()
+
+
+def _raise_if_shared_object_lost(e: BaseException) -> None:
+    """A role's call failed because an object it read (the published weights) died with its
+    owner (the learner that put it): that is the owner's failure, not the caller's, and replacing
+    the caller would only read the same lost object again."""
+    import ray
+
+    lost = ray.exceptions.ObjectLostError
+    if isinstance(e, lost) or isinstance(getattr(e, "cause", None), lost):
+        raise SharedObjectLost(f"{type(getattr(e, 'cause', None) or e).__name__}: an object the roles share was "
+                               "lost with the role that owned it (the learner, for published weights)") from e
 
 
 def _check_reachable(address: str | None) -> None:

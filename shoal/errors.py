@@ -15,3 +15,8 @@ class ConfigError(ShoalError):
 class RoleFailed(ShoalError):
     """A role (an actor on the ray backend) died or its call raised; the run may be restarted
     from its newest checkpoint (``--max-failures``)."""
+
+
+class SharedObjectLost(RoleFailed):
+    """An object other roles depend on (the published weights) was lost with the role that owned
+    it. Replacing the role that noticed cannot help: the run restarts from its newest checkpoint."""

@@ -198,28 +198,44 @@ def test_a_runner_that_hangs_past_the_timeout_is_replaced(faulty_ray):
 @pytest.mark.xdist_group("ray")
 def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(faulty_ray, tmp_path):
     """--max-failures 1: the learner actor is killed at iteration 12; the roles are rebuilt from
-    the newest checkpoint and the run still solves CartPole."""
+    the newest checkpoint and the run still solves CartPole. Without it, the run fails clearly,
+    also when the runners are the first to find the learner gone (its weights died with it)."""
     import ray
 
     killed = []
 
-    def kill_learner(algo, metrics):
-        if algo.iteration == 12 and not killed:
-            killed.append(algo.env_steps)
-            ray.kill(algo.learner.actor)
+    def kill_learner_at(iteration):
+        def kill(algo, metrics):
+            if algo.iteration == iteration and not killed:
+                killed.append(algo.env_steps)
+                ray.kill(algo.learner.actor)
+                _, box = ray.get(algo.store.actor.latest.remote("default"))
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:  # until the weights it published are gone with it
+                    try:
+                        ray.get(box[0], timeout=10)
+                        time.sleep(0.2)
+                    except ray.exceptions.ObjectLostError:
+                        return
+                pytest.fail("the killed learner's weights stayed readable for 60 s")
+        return kill
 
+    # 512 steps an iteration: after the 12th come an evaluation and a checkpoint, which find it
     config = cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2, max_failures=1,
                       checkpoint_interval=2048)
-    summary = shoal.train(config, run_dir=tmp_path, callback=kill_learner)
+    summary = shoal.train(config, run_dir=tmp_path, callback=kill_learner_at(12))
     assert killed and summary["failures"] == 1
     assert summary["best_eval_return"] >= 475, summary
     steps = [int(r.split(",")[1]) for r in (tmp_path / "progress.csv").read_text().splitlines()[1:]]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # the log continues from the checkpoint
 
+    # after the 13th nothing else reads the learner: the runners fail on its lost weights, and
+    # replacing them (which would read the same lost weights) must not be what happens
     killed.clear()
     with pytest.raises(shoal.ShoalError, match="a role failed"):  # without --max-failures it fails clearly
-        shoal.train(cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2),
-                    run_dir=tmp_path / "again", callback=kill_learner)
+        shoal.train(cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2, max_runner_restarts=2),
+                    run_dir=tmp_path / "again", callback=kill_learner_at(13))
+    assert killed
 
 
 @pytest.mark.ray
