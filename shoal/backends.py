@@ -217,7 +217,7 @@ class RayBackend:
         refs = list(statuses.values())
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         ready_set = set(ready)
-        ok, failed = {}, {}
+        ok, failed, errors = {}, {}, []
         for i, ref in statuses.items():
             if ref not in ready_set:
                 failed[i] = f"no reply within {timeout_s:g} s"
@@ -225,8 +225,10 @@ class RayBackend:
             try:
                 ok[i] = ray.get(ref)
             except (ray.exceptions.RayError, ShoalError) as e:
-                _raise_if_shared_object_lost(e)
+                errors.append(e)  # every error read before raising one: Ray logs those never read
                 failed[i] = str(e).strip().splitlines()[-1][:300]
+        for e in errors:
+            _raise_if_shared_object_lost(e)
         return ok, failed
 
     def replace(self, old: RayHandle, cls: type, *args: Any, name: str, num_cpus: float = 0.0,
