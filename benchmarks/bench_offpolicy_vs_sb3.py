@@ -45,6 +45,7 @@ def sb3_updates_per_s(threads: int, n: int = 300) -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
+    torch.set_flush_denormal(False)  # SB3 as it ships (shoal's roles turn flushing on in this thread)
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=0, device="cpu",
                 policy_kwargs={"net_arch": [256, 256]})
     model.learn(2000)  # fills the buffer (and trains as it goes)
@@ -68,6 +69,7 @@ def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: in
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
 
+    torch.set_flush_denormal(False)  # SB3 as it ships
     start = time.perf_counter()
     eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
     stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)

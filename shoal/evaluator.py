@@ -10,7 +10,7 @@ import torch
 from gymnasium.vector import VectorEnv
 
 from shoal.envs import make_env, make_vector_env
-from shoal.policy import PolicyModule, set_weights
+from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 
 @torch.no_grad()
@@ -68,7 +68,7 @@ class Evaluator:
         from shoal.algos import spec_for
         from shoal.envs import env_spaces
 
-        torch.set_num_threads(config.torch_threads)
+        set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
         self.policy = spec_for(config).make_policy(config, *env_spaces(config.env))
         self.version = -1

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shoal.batching import batched
-from shoal.policy import set_weights
+from shoal.policy import set_up_torch, set_weights
 
 
 class InferenceServer:
@@ -25,7 +25,7 @@ class InferenceServer:
                  max_batch: int = 64, max_wait_ms: float = 1.0):
         from shoal.algos import spec_for
 
-        torch.set_num_threads(config.torch_threads)
+        set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
         self.policy = spec_for(config).make_policy(config, obs_space, action_space)
         self.version = -1

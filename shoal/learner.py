@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from shoal.policy import get_weights, set_weights
+from shoal.policy import get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout
 
 
@@ -31,7 +31,7 @@ class Learner:
     def __init__(self, config, obs_space, action_space, store, policy_id: str = "default"):
         from shoal.algos import spec_for
 
-        torch.set_num_threads(config.torch_threads)
+        set_up_torch(config.torch_threads)
         torch.manual_seed(config.seed)
         self.config, self.store, self.policy_id = config, store, policy_id
         self.policy = spec_for(config).make_policy(config, obs_space, action_space)

@@ -62,6 +62,19 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
 
+def set_up_torch(threads: int) -> None:
+    """Each role's torch settings: its intra-op threads, and denormal floats flushed to zero.
+
+    Adam's second moments of small gradients decay into denormals, which the CPU handles in
+    microcode: a DQN update on CartPole took 1.19 ms with them and 0.90 ms without (fused Adam
+    alone 390 vs 90 us; BENCHMARKS.md). Values below 1.2e-38 becoming 0 changes no result that
+    matters. The setting is per thread: roles call this in their constructor, which runs on the
+    thread (and before the intra-op threads that inherit it) that runs their calls.
+    """
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+
+
 def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Sequential:
     """An MLP with orthogonal init (hidden gain sqrt(2), output ``out_gain``), as in PPO baselines."""
     layers: list[nn.Module] = []

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shoal.errors import ShoalError
-from shoal.policy import Moments, set_weights
+from shoal.policy import Moments, set_up_torch, set_weights
 
 
 @dataclass
@@ -61,7 +61,7 @@ class EnvRunner:
         from shoal.algos import spec_for
         from shoal.envs import make_vector_env
 
-        torch.set_num_threads(config.torch_threads)
+        set_up_torch(config.torch_threads)
         self.config, self.runner_id, self.store, self.policy_id = config, runner_id, store, policy_id
         self.replay = replay  # Ape-X: the replay shard this runner inserts into
         self.inference = inference  # --inference central: the server that computes our actions
