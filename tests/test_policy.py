@@ -61,3 +61,19 @@ def test_dqn_initial_priorities_are_the_actor_copys_td_errors():
         expected = [abs(float(rewards[i] + discounts[i] * q(nxt[i:i + 1]).max() - q(obs[i:i + 1])[0, actions[i]]))
                     for i in range(5)]
     np.testing.assert_allclose(q.initial_priorities(obs, actions, rewards, nxt, discounts).numpy(), expected, rtol=1e-5)
+
+
+def test_a_learner_flushes_denormals_in_its_thread():
+    """Adam's decaying second moments turn denormal; roles flush them to zero (set_up_torch)."""
+    from shoal.algos.dqn import DQNConfig, DQNLearner
+    from shoal.envs import env_spaces
+    from shoal.weights import WeightStore
+
+    tiny = torch.tensor([1e-30])
+    torch.set_flush_denormal(False)
+    try:
+        assert (tiny * 1e-10).item() > 0  # 1e-40 is a denormal float32, kept as one
+        DQNLearner(DQNConfig(env="CartPole-v1"), *env_spaces("CartPole-v1"), WeightStore())
+        assert (tiny * 1e-10).item() == 0.0
+    finally:
+        torch.set_flush_denormal(True)
