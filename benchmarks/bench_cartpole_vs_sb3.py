@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from common import machine, median, save, shoal_time_to
+from common import isolated, machine, median, save, shoal_time_to
 
 EVAL_EVERY, EVAL_EPISODES, TARGET, BUDGET = 2048, 10, 475.0, 100_000
 
@@ -40,6 +40,7 @@ def run_sb3(seed: int) -> tuple[float, int, bool]:
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
 
+    torch.set_num_threads(1)
     start = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
     eval_env = make_vec_env("CartPole-v1", n_envs=EVAL_EPISODES, seed=seed + 1_000_000)
@@ -57,11 +58,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    torch.set_num_threads(1)
     rows = []
     for seed in args.seeds:
         for name, fn in (("shoal", run_shoal), ("sb3", run_sb3)):
-            seconds, steps, solved = fn(seed)
+            seconds, steps, solved = isolated(fn, seed)  # each run in a fresh process
             rows.append({"framework": name, "seed": seed, "seconds": seconds, "steps": steps, "solved": solved})
             print(f"{name:6s} seed {seed}: {seconds:6.1f} s, {steps:7,d} steps, solved={solved}", flush=True)
     frameworks = ("shoal", "sb3")

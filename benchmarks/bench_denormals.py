@@ -1,8 +1,8 @@
 """What flushing denormal floats to zero is worth in a real run (shoal's roles turn it on).
 
 Trains DQN on CartPole-v1 with its preset (local backend, one process) for --steps env steps,
-twice from the same seed: with denormals flushed (what `set_up_torch` does) and without (torch's
-default, which SB3 runs with). Prints the time per DQN update in the last --window steps, once
+twice from the same seed, each in a fresh process: with denormals flushed (what `set_up_torch`
+does) and without (torch's default, which SB3 runs with). Prints the time per DQN update in the last --window steps, once
 Adam's second moments have had time to decay, and the ratio.
 
     .venv/bin/python benchmarks/bench_denormals.py [--steps 25000] [--window 8000] [--threads 1]
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from common import machine, save
+from common import isolated, machine, save
 
 
 def ms_per_update(flush: bool, steps: int, window: int, threads: int) -> float:
@@ -23,10 +23,11 @@ def ms_per_update(flush: bool, steps: int, window: int, threads: int) -> float:
     from shoal.algos.dqn import DQNConfig
     from shoal.config import build
 
+    if not flush:  # shoal's roles turn flushing on: keep torch's default in this process
+        torch.set_flush_denormal = lambda on: True
     config = build(DQNConfig, "dqn", env="CartPole-v1", sets={
         "seed": 0, "total_steps": steps, "torch_threads": threads, "progress": False, "tensorboard": False})
     with shoal.make(config) as algo:
-        torch.set_flush_denormal(flush)  # after the roles' own set_up_torch, in this same thread
         while algo.env_steps < steps - window:
             algo.train()
         updates, start = algo.learner.obj.updates, time.perf_counter()
@@ -41,8 +42,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=8_000)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    flushed = ms_per_update(True, args.steps, args.window, args.threads)
-    kept = ms_per_update(False, args.steps, args.window, args.threads)
+    flushed = isolated(ms_per_update, True, args.steps, args.window, args.threads)
+    kept = isolated(ms_per_update, False, args.steps, args.window, args.threads)
     print(f"machine: {machine()}; torch threads: {args.threads}")
     print(f"DQN CartPole-v1, env steps {args.steps - args.window:,}-{args.steps:,}: {flushed:.3f} ms per update "
           f"(runner's steps included) with denormals flushed, {kept:.3f} ms without; ratio {flushed / kept:.2f}")

@@ -1,5 +1,7 @@
 """Off-policy speed against stable-baselines3, as ratios measured in one run.
 
+Every figure is taken in a fresh process of its own (`common.isolated`).
+
 1. SAC gradient updates per second, same networks (256x256), batch 256, same torch threads.
 2. SAC time to a mean eval return of -200 on Pendulum-v1 (rl-zoo settings: lr 1e-3).
 3. DQN time to a mean eval return of 475 on CartPole-v1 (rl-zoo settings, shoal's preset).
@@ -19,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from common import machine, median, save, shoal_time_to
+from common import isolated, machine, median, save, shoal_time_to
 
 
 def shoal_updates_per_s(threads: int, n: int = 300) -> float:
@@ -45,7 +47,6 @@ def sb3_updates_per_s(threads: int, n: int = 300) -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
-    torch.set_flush_denormal(False)  # SB3 as it ships (shoal's roles turn flushing on in this thread)
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=0, device="cpu",
                 policy_kwargs={"net_arch": [256, 256]})
     model.learn(2000)  # fills the buffer (and trains as it goes)
@@ -64,12 +65,13 @@ def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, t
         "progress": False, "tensorboard": False, "torch_threads": threads}), target)
 
 
-def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int) -> tuple[float, int]:
+def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
+                threads: int) -> tuple[float, int]:
     from stable_baselines3 import DQN, SAC
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
 
-    torch.set_flush_denormal(False)  # SB3 as it ships
+    torch.set_num_threads(threads)
     start = time.perf_counter()
     eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
     stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)
@@ -95,8 +97,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads}
-    ours, theirs = np.median([shoal_updates_per_s(args.threads) for _ in range(3)]), \
-        np.median([sb3_updates_per_s(args.threads) for _ in range(3)])
+    ours, theirs = np.median([isolated(shoal_updates_per_s, args.threads) for _ in range(3)]), \
+        np.median([isolated(sb3_updates_per_s, args.threads) for _ in range(3)])
     print(f"machine: {machine()}; torch threads: {args.threads}")
     print(f"SAC updates/s (256x256, batch 256): shoal {ours:.0f}, SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2)")
     result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs}
@@ -107,8 +109,8 @@ def main() -> None:
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
         rows = []
         for seed in args.seeds:
-            s_t, s_n = shoal_time(algo, env, target, seed, every, args.threads)
-            b_t, b_n = sb3_time_to(algo, env, target, seed, every, budget)
+            s_t, s_n = isolated(shoal_time, algo, env, target, seed, every, args.threads)
+            b_t, b_n = isolated(sb3_time_to, algo, env, target, seed, every, budget, args.threads)
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
                   flush=True)

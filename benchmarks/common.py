@@ -26,6 +26,18 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Python {platform.python_version()}"
 
 
+def isolated(fn, *args):
+    """``fn(*args)`` in a fresh Python process (spawned), its result returned. Each framework's
+    figures come from a process of its own: no thread pool, allocator or floating-point mode
+    (shoal flushes denormals; SB3 does not) carried from the other's run. ``fn`` must be a
+    module-level function of a script in this folder."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -22,7 +22,7 @@ from shoal.envs import describe_space, env_spaces, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
-from shoal.policy import Policy, set_weights
+from shoal.policy import Policy, set_up_torch, set_weights
 from shoal.runner import EnvRunner
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
@@ -34,6 +34,7 @@ class Algorithm:
     def __init__(self, config: Any):
         self.started = time.perf_counter()
         self.config, self.spec = config, spec_for(config)
+        set_up_torch(config.torch_threads)  # before this process's first torch op (the policy below)
         self.obs_space, self.action_space = env_spaces(config.env)
         # Build the policy once here: a space the algorithm cannot handle fails with one line in
         # the driver, before any backend starts (on Ray it would fail inside an actor).
