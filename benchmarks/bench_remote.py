@@ -2,12 +2,13 @@
 
 1. CartPole-v1, 64 envs: steps/s through one env server (`shoal serve-env`, its own process)
    vs the same vector env in this process; random actions; p50/p99 round trip per batched step.
-2. Central inference: 32 concurrent clients (32 requests always in flight), each asking for
-   the action of one observation, against a policy server (`shoal serve-policy`, its own
-   process) that batches them (--max-batch 32, --max-wait-ms 1) vs one that runs one forward
-   per request (--max-batch 1); throughput and p50/p99 latency of each. Two policies: PPO's
-   64x64 MLP (the forward pass is cheap next to a gRPC call) and a 1024x1024 one (the forward
-   pass dominates, as for real models); saved untrained (weights do not change the cost).
+2. Central inference: 32 concurrent clients, each an `ActStream` with one request in flight
+   (32 requests always in flight), each asking for the action of one observation, against a
+   policy server (`shoal serve-policy`, its own process) that batches them (--max-batch 32,
+   --max-wait-ms 1) vs one that runs one forward per request in its handler (--max-batch 1);
+   throughput and p50/p99 latency of each. Policies: PPO with 64x64 MLPs (the forward pass is
+   cheap next to a gRPC call), 1024x1024 and 2048x2048 (the forward pass dominates, as for
+   real models); saved untrained (weights do not change the cost).
 
 3. Central inference inside training: PPO on CartPole-v1, ray backend, 2 runners x 8 envs,
    env steps/s over 10 iterations after a warm-up, `--inference central` vs runners holding
@@ -58,48 +59,40 @@ def env_steps(env, seconds: float) -> tuple[float, np.ndarray]:
 
 
 def inference(address: str, clients: int, seconds: float) -> tuple[float, np.ndarray]:
-    """Requests per second and latencies with ``clients`` requests in flight at all times, each
-    for the action of one observation (futures, so the client's threads are not the limit)."""
+    """Requests per second and latencies with ``clients`` clients, each an ``ActStream`` with one
+    request in flight at a time (a simulator asking for its next action), all in one asyncio
+    loop so that the client side is not the limit."""
+    import asyncio
+
+    import grpc
+
     from shoal.remote import shoal_pb2 as pb
-    from shoal.remote.policyserver import PolicyClient
     from shoal.remote.wire import encode
 
-    client = PolicyClient(address)
-    obs = np.zeros((1, 4), np.float32)
-    for _ in range(20):
-        client.act(obs)  # warm-up
-    request = pb.ActRequest(obs=encode(obs), deterministic=True)
-    lat: list[float] = []
-    lock = threading.Lock()
-    done = threading.Event()
-    stop = time.perf_counter() + seconds
-    active = [clients]
+    request = pb.ActRequest(obs=encode(np.zeros((1, 4), np.float32)), deterministic=True).SerializeToString()
 
-    def send() -> None:
-        t = time.perf_counter()
-        fut = client._act.future(request, timeout=30)
-        fut.add_done_callback(lambda f, t=t: finished(f, t))
+    async def run() -> tuple[float, list[float]]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            method = channel.stream_stream("/shoal.v1.PolicyService/ActStream")
+            lat: list[float] = []
 
-    def finished(fut, t: float) -> None:
-        now = time.perf_counter()
-        fut.result()
-        with lock:
-            lat.append(now - t)
-        if now < stop:
-            send()
-        else:
-            with lock:
-                active[0] -= 1
-                if active[0] == 0:
-                    done.set()
+            async def client(stop: float, record: bool) -> None:
+                call = method()
+                while time.perf_counter() < stop:
+                    t = time.perf_counter()
+                    await call.write(request)
+                    await call.read()
+                    if record:
+                        lat.append(time.perf_counter() - t)
+                await call.done_writing()
 
-    start = time.perf_counter()
-    for _ in range(clients):
-        send()
-    done.wait()
-    elapsed = time.perf_counter() - start
-    client.close()
-    return len(lat) / elapsed, np.array(lat)
+            await asyncio.gather(*[client(time.perf_counter() + 0.5, False) for _ in range(clients)])  # warm-up
+            start = time.perf_counter()
+            await asyncio.gather(*[client(start + seconds, True) for _ in range(clients)])
+            return len(lat) / (time.perf_counter() - start), lat
+
+    rate, lat = asyncio.run(run())
+    return rate, np.array(lat)
 
 
 def training_rate(inference: str, iterations: int = 10) -> tuple[float, dict]:
@@ -154,7 +147,7 @@ def main() -> None:
     import shoal
     from shoal.algos.ppo import PPOConfig
 
-    for hidden in ((64, 64), (1024, 1024)):
+    for hidden in ((64, 64), (1024, 1024), (2048, 2048)):
         label = "x".join(map(str, hidden))
         with tempfile.TemporaryDirectory() as d:
             config = PPOConfig(env="CartPole-v1", hidden_sizes=hidden, progress=False, tensorboard=False)

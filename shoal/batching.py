@@ -6,6 +6,7 @@
             ...  # one forward pass for all of them
 
     model.infer(obs)  # from many threads at once: each call waits for its own result
+    await asyncio.wrap_future(Model.infer.submit(model, obs))  # from coroutines
 
 Callers from any number of threads each pass one request; a worker thread per instance takes
 the first waiting request, gathers more for at most ``max_wait_ms`` (or until ``max_batch``),
@@ -35,9 +36,14 @@ class Batcher:
         self.worker.start()
 
     def __call__(self, request: Any, timeout: float | None = None) -> Any:
+        return self.submit(request).result(timeout)
+
+    def submit(self, request: Any) -> Future:
+        """Queue ``request``; the Future gets its result (asyncio code awaits it through
+        ``asyncio.wrap_future``, so one batcher serves threads and coroutines alike)."""
         done: Future = Future()
         self.requests.put((request, done))
-        return done.result(timeout)
+        return done
 
     def _run(self) -> None:
         while True:
@@ -77,20 +83,30 @@ def batched(max_batch: int = 64, max_wait_ms: float = 2.0) -> Callable[[Callable
         lock = threading.Lock()
         plain: list[Batcher] = []
 
-        @functools.wraps(fn)
-        def call(*args: Any) -> Any:
+        def batcher_for(args: tuple[Any, ...]) -> tuple[Batcher, Any]:
             if len(args) == 1:  # a plain function: one batcher for all callers
                 with lock:
                     if not plain:
                         plain.append(Batcher(fn, max_batch, max_wait_ms))
-                return plain[0](args[0])
+                return plain[0], args[0]
             owner, request = args
             with lock:
                 batcher = per_instance.get(owner)
                 if batcher is None:
                     batcher = per_instance[owner] = Batcher(functools.partial(fn, owner), max_batch, max_wait_ms)
+            return batcher, request
+
+        @functools.wraps(fn)
+        def call(*args: Any) -> Any:
+            batcher, request = batcher_for(args)
             return batcher(request)
 
+        def submit(*args: Any) -> Future:
+            """As a call, but return the result's Future at once (await it with asyncio.wrap_future)."""
+            batcher, request = batcher_for(args)
+            return batcher.submit(request)
+
+        call.submit = submit  # type: ignore[attr-defined]
         call.plain = plain  # type: ignore[attr-defined]  (a plain function's batcher, for metrics and tests)
         return call
 

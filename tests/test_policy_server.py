@@ -131,3 +131,51 @@ def test_follow_hot_swaps_to_newer_checkpoints(tmp_path, tiny):
         finally:
             client.close()
             server.stop(grace=0)
+
+
+def test_streams_and_the_guards_of_the_asyncio_server(tmp_path, tiny):
+    """ActStream answers as Act does; a token, malformed bytes, an oversize message or a bad
+    request fails that call only (a bad request ends its stream); health says SERVING."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from shoal.errors import ShoalError
+    from shoal.remote.policyserver import ActStream
+
+    token = "a-test-token-of-32-characters!!"
+    policy = make_checkpoint(tmp_path / "cart", tiny=tiny)
+    with pytest.raises(ShoalError, match="token"):
+        PolicyServer({"default": tmp_path / "cart"}, host="0.0.0.0", port=0)
+    server = PolicyServer({"default": tmp_path / "cart"}, port=0, token=token, max_message_bytes=1 << 16).start()
+    client = PolicyClient(server.address, token=token)
+    try:
+        obs = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+        stream = client.stream()
+        got = [stream.act(obs[i:i + 1])[0] for i in range(8)]
+        np.testing.assert_allclose(np.concatenate(got), policy.act(obs, deterministic=True))
+        with pytest.raises(grpc.RpcError) as e:
+            stream.act(np.zeros((1, 5), np.float32))  # wrong shape: ends this stream
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape" in e.value.details()
+
+        def status(fn):
+            with pytest.raises(grpc.RpcError) as e:
+                fn()
+            return e.value.code()
+
+        auth = (("authorization", f"Bearer {token}"),)
+        raw = client.channel.unary_unary("/shoal.v1.PolicyService/Act")
+        assert status(lambda: PolicyClient(server.address, token="x" * 31).act(obs[:1])) == \
+            grpc.StatusCode.UNAUTHENTICATED
+        assert status(lambda: ActStream(client.channel, ()).act(obs[:1])) == grpc.StatusCode.UNAUTHENTICATED
+        assert status(lambda: raw(b"\xff\xff\xff", metadata=auth, timeout=5)) == grpc.StatusCode.INVALID_ARGUMENT
+        assert status(lambda: client.act(np.zeros((5000, 4), np.float32))) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        health = health_pb2_grpc.HealthStub(client.channel).Check(
+            health_pb2.HealthCheckRequest(service="shoal.v1.PolicyService"), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+        fresh = client.stream()  # still serving, on a new stream and on single calls
+        np.testing.assert_allclose(fresh.act(obs[:2])[0], policy.act(obs[:2], deterministic=True))
+        fresh.close()
+        np.testing.assert_allclose(client.act(obs[:2])[0], policy.act(obs[:2], deterministic=True))
+    finally:
+        client.close()
+        server.stop(grace=0)

@@ -5,10 +5,17 @@
 forward pass per policy (bounded by ``max_batch`` requests and ``max_wait_ms``); several
 policies are served by id; with ``follow`` the server watches run directories and swaps in each
 newer checkpoint, and every reply names the version that computed it.
+
+It runs on grpc.aio (:class:`AioGrpcServer`): each call is a coroutine that hands its request
+to the batcher's thread and awaits the result, and ``ActStream`` carries a client's requests
+over one call. With ``max_batch`` 1 there is nothing to gather: each request's forward pass
+runs in its handler, without the hand-off to the batcher's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +30,7 @@ from shoal.batching import batched
 from shoal.errors import ShoalError
 from shoal.policy import Policy
 from shoal.remote import shoal_pb2 as pb
-from shoal.remote.server import Abort, GrpcServer, log
+from shoal.remote.server import Abort, AioGrpcServer, log
 from shoal.remote.wire import WireError, decode, encode, encode_space
 
 SERVICE = "shoal.v1.PolicyService"
@@ -44,8 +51,9 @@ class PolicyServer:
         self.lock = threading.Lock()
         self.max_batch = max_batch
         self.infer = batched(max_batch, max_wait_ms)(self._infer_batch)  # one batcher per server
-        self.server = GrpcServer(SERVICE, {"Describe": (self.describe, pb.PolicyRequest),
-                                           "Act": (self.act, pb.ActRequest)}, **server_options)
+        self.server = AioGrpcServer(SERVICE, {"Describe": (self.describe, pb.PolicyRequest),
+                                              "Act": (self.act, pb.ActRequest)},
+                                    streams={"ActStream": (self.act, pb.ActRequest)}, **server_options)
         self.follow, self.poll_s = follow, poll_s
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
@@ -106,7 +114,7 @@ class PolicyServer:
                              observation_space=encode_space(policy.observation_space),
                              action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies))
 
-    def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
+    async def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
         policy = self._policy(req.policy_id)
         obs = decode(req.obs)
         shape = policy.observation_space.shape
@@ -114,7 +122,11 @@ class PolicyServer:
             raise WireError(f"obs must have shape [n, {', '.join(map(str, shape))}], got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
             raise WireError("obs must be finite numbers")
-        actions, version = self.infer((policy, obs, req.deterministic))
+        request = (policy, obs, req.deterministic)
+        if self.max_batch == 1:
+            [(actions, version)] = self._infer_batch([request])
+        else:
+            actions, version = await asyncio.wrap_future(self.infer.submit(request))
         return pb.ActReply(actions=encode(actions), version=version)
 
     def _infer_batch(self, requests: list[tuple[Policy, np.ndarray, bool]]) -> list[tuple[np.ndarray, int]]:
@@ -156,8 +168,31 @@ class PolicyClient:
                           timeout=self.timeout_s, metadata=self.metadata)
         return np.array(decode(reply.actions)), reply.version
 
+    def stream(self) -> "ActStream":
+        """An ``ActStream`` call: ``act`` as here, many times over one call (cheaper per request)."""
+        return ActStream(self.channel, self.metadata)
+
     def describe(self, policy_id: str = "") -> pb.PolicyInfo:
         return self._describe(pb.PolicyRequest(policy_id=policy_id), timeout=self.timeout_s, metadata=self.metadata)
 
     def close(self) -> None:
         self.channel.close()
+
+
+class ActStream:
+    """Requests and replies over one ``ActStream`` call, one at a time (``act``); ``close`` ends it."""
+
+    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]):
+        self.requests: queue.SimpleQueue[pb.ActRequest | None] = queue.SimpleQueue()
+        call = channel.stream_stream("/shoal.v1.PolicyService/ActStream",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=pb.ActReply.FromString)
+        self.replies = call(iter(self.requests.get, None), metadata=metadata)
+
+    def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
+        self.requests.put(pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic))
+        reply = next(self.replies)  # a failed request raises its grpc.RpcError here
+        return np.array(decode(reply.actions)), reply.version
+
+    def close(self) -> None:
+        self.requests.put(None)

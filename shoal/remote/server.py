@@ -7,9 +7,12 @@ Every handler runs inside a guard: a bad request fails that call only, never the
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import inspect
 import ipaddress
 import logging
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable
@@ -56,6 +59,51 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0)]
+
+
+def _bind(server: Any, host: str, port: int, token: str | None, tls_cert: str | None, tls_key: str | None) -> int:
+    """Listen on host:port (TLS when given the files); the port bound. Refuses a non-loopback
+    host without a token."""
+    if not is_loopback(host) and token is None:
+        raise ShoalError(f"binding {host} exposes the server beyond this machine: give it a token "
+                         "(--token-file), or bind 127.0.0.1")
+    address = f"{host}:{port}"
+    if tls_cert or tls_key:
+        if not (tls_cert and tls_key):
+            raise ShoalError("TLS needs both --tls-cert and --tls-key")
+        try:
+            creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+        except OSError as e:
+            raise ShoalError(f"cannot read TLS files: {e}") from None
+        bound = server.add_secure_port(address, creds)
+    else:
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise ShoalError(f"cannot listen on {address} (in use, or not an address of this machine)")
+    return bound
+
+
+def _token_ok(token: str | None, context: Any) -> bool:
+    if token is None:
+        return True
+    given = dict(context.invocation_metadata() or ()).get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def _parse(request_cls: Any, raw: bytes) -> Any:
+    try:
+        return request_cls.FromString(raw)
+    except DecodeError:
+        raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.__name__} message") from None
+
+
+UNAUTHENTICATED = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+
 class GrpcServer:
     """A gRPC server with shoal's guards, for one service's handlers."""
 
@@ -64,13 +112,8 @@ class GrpcServer:
                  host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 16,
                  tls_cert: str | None = None, tls_key: str | None = None):
-        if not is_loopback(host) and token is None:
-            raise ShoalError(f"binding {host} exposes the server beyond this machine: give it a token "
-                             "(--token-file), or bind 127.0.0.1")
         self.token, self.service = token, service
-        options = [("grpc.max_receive_message_length", max_message_bytes),
-                   ("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.so_reuseport", 0)]
+        options = _options(max_message_bytes)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                                   maximum_concurrent_rpcs=workers * 8)
         serialize = lambda m: m.SerializeToString()  # noqa: E731
@@ -82,36 +125,18 @@ class GrpcServer:
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        address = f"{host}:{port}"
-        if tls_cert or tls_key:
-            if not (tls_cert and tls_key):
-                raise ShoalError("TLS needs both --tls-cert and --tls-key")
-            try:
-                creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
-            except OSError as e:
-                raise ShoalError(f"cannot read TLS files: {e}") from None
-            self.port = self.server.add_secure_port(address, creds)
-        else:
-            self.port = self.server.add_insecure_port(address)
-        if self.port == 0:
-            raise ShoalError(f"cannot listen on {address} (in use, or not an address of this machine)")
+        self.port = _bind(self.server, host, port, token, tls_cert, tls_key)
         self.host = host
 
     def _check_token(self, context: grpc.ServicerContext) -> None:
-        if self.token is not None:
-            given = dict(context.invocation_metadata()).get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        if not _token_ok(self.token, context):
+            context.abort(*UNAUTHENTICATED)
 
     @staticmethod
     def _handle(fn: Callable[[Any, Any], Any], request_cls: Any, raw: bytes, context: grpc.ServicerContext) -> Any:
         """Parse ``raw`` and run ``fn``; failures become the call's status."""
         try:
-            request = request_cls.FromString(raw)
-        except DecodeError:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request_cls.__name__} message")
-        try:
-            return fn(request, context)
+            return fn(_parse(request_cls, raw), context)
         except Abort as e:
             context.abort(e.code, e.message)
         except WireError as e:
@@ -150,3 +175,95 @@ class GrpcServer:
     def wait(self) -> None:
         """Block until the server stops."""
         self.server.wait_for_termination()
+
+
+class AioGrpcServer:
+    """The same guards on grpc.aio, its event loop in a thread of its own, for services whose
+    calls wait on each other (the policy server's batches): a coroutine per call costs far less
+    than a thread per call, and a stream of requests less than a call per request (BENCHMARKS.md,
+    policy server). Handlers may be plain functions or coroutines; stream handlers take one
+    request at a time and their replies go back in order.
+    """
+
+    def __init__(self, service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], Any]], *,
+                 streams: dict[str, tuple[Callable[[Any, Any], Any], Any]] | None = None,
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, max_calls: int = 1024,
+                 tls_cert: str | None = None, tls_key: str | None = None):
+        self.token, self.service, self.host = token, service, host
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="shoal-grpc-aio").start()
+
+        async def build() -> Any:  # grpc.aio objects belong to the loop they are made in
+            server = grpc.aio.server(options=_options(max_message_bytes), maximum_concurrent_rpcs=max_calls)
+            serialize = lambda m: m.SerializeToString()  # noqa: E731
+            methods = {name: grpc.unary_unary_rpc_method_handler(self._unary(fn, cls), response_serializer=serialize)
+                       for name, (fn, cls) in handlers.items()}
+            for name, (fn, cls) in (streams or {}).items():
+                methods[name] = grpc.stream_stream_rpc_method_handler(self._stream(fn, cls),
+                                                                       response_serializer=serialize)
+            server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
+            self.health = health.aio.HealthServicer()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+            return server, _bind(server, host, port, token, tls_cert, tls_key)
+
+        try:
+            self.server, self.port = self._run(build())
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    @staticmethod
+    async def _call(fn: Callable[[Any, Any], Any], request_cls: Any, raw: bytes, context: Any) -> Any:
+        try:
+            reply = fn(_parse(request_cls, raw), context)
+            return await reply if inspect.isawaitable(reply) else reply
+        except Abort as e:
+            await context.abort(e.code, e.message)
+        except WireError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    def _unary(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[bytes, Any], Any]:
+        async def handler(raw: bytes, context: Any) -> Any:
+            if not _token_ok(self.token, context):
+                await context.abort(*UNAUTHENTICATED)
+            return await self._call(fn, request_cls, raw, context)
+        return handler
+
+    def _stream(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[Any, Any], Any]:
+        async def handler(raws: Any, context: Any) -> Any:
+            if not _token_ok(self.token, context):  # once per stream
+                await context.abort(*UNAUTHENTICATED)
+            async for raw in raws:
+                yield await self._call(fn, request_cls, raw, context)
+        return handler
+
+    @property
+    def address(self) -> str:
+        """host:port the server listens on."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> "AioGrpcServer":
+        """Start serving (on the loop's thread)."""
+        async def start() -> None:
+            await self.server.start()
+            await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(self.service, health_pb2.HealthCheckResponse.SERVING)
+        self._run(start())
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving; calls in progress get ``grace`` seconds to finish. Then the loop ends."""
+        async def stop() -> None:
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(grace)
+        if self.loop.is_running():
+            self._run(stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        self._run(self.server.wait_for_termination())
