@@ -6,16 +6,18 @@
             ...  # one forward pass for all of them
 
     model.infer(obs)  # from many threads at once: each call waits for its own result
-    await asyncio.wrap_future(Model.infer.submit(model, obs))  # from coroutines
+    await Model.infer.acall(model, obs)  # from coroutines, on any number of event loops
 
 Callers from any number of threads each pass one request; a worker thread per instance takes
 the first waiting request, gathers more for at most ``max_wait_ms`` (or until ``max_batch``),
 calls the function once with the list, and hands each caller its result. An exception in
 the function is raised in every caller of that batch; the service goes on with the next.
+Coroutines' results go back to their event loop in one wake-up per batch, not one per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import queue
 import threading
@@ -30,20 +32,21 @@ class Batcher:
 
     def __init__(self, fn: Callable[[list[Any]], list[Any]], max_batch: int, max_wait_ms: float):
         self.fn, self.max_batch, self.max_wait_s = fn, max_batch, max_wait_ms / 1000.0
-        self.requests: queue.SimpleQueue[tuple[Any, Future]] = queue.SimpleQueue()
+        self.requests: queue.SimpleQueue[tuple[Any, Future | asyncio.Future]] = queue.SimpleQueue()
         self.sizes: list[int] = []  # batch sizes served, for metrics (bounded)
         self.worker = threading.Thread(target=self._run, daemon=True, name="shoal-batcher")
         self.worker.start()
 
     def __call__(self, request: Any, timeout: float | None = None) -> Any:
-        return self.submit(request).result(timeout)
-
-    def submit(self, request: Any) -> Future:
-        """Queue ``request``; the Future gets its result (asyncio code awaits it through
-        ``asyncio.wrap_future``, so one batcher serves threads and coroutines alike)."""
         done: Future = Future()
         self.requests.put((request, done))
-        return done
+        return done.result(timeout)
+
+    async def acall(self, request: Any) -> Any:
+        """As a call, from a coroutine: waits without holding a thread."""
+        done = asyncio.get_running_loop().create_future()
+        self.requests.put((request, done))
+        return await done
 
     def _run(self) -> None:
         while True:
@@ -57,19 +60,34 @@ class Batcher:
                     break
             self._serve(batch)
 
-    def _serve(self, batch: list[tuple[Any, Future]]) -> None:
+    def _serve(self, batch: list[tuple[Any, Future | asyncio.Future]]) -> None:
         if len(self.sizes) < 100_000:
             self.sizes.append(len(batch))
         try:
             results = self.fn([request for request, _ in batch])
             if len(results) != len(batch):
                 raise RuntimeError(f"a batched function returned {len(results)} results for {len(batch)} requests")
+            outcomes = [(done, result, None) for (_, done), result in zip(batch, results)]
         except BaseException as e:  # every caller of this batch learns of it; the service goes on
-            for _, done in batch:
-                done.set_exception(e)
-            return
-        for (_, done), result in zip(batch, results):
-            done.set_result(result)
+            outcomes = [(done, None, e) for _, done in batch]
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, BaseException | None]]] = {}
+        for done, result, error in outcomes:
+            if isinstance(done, Future):
+                done.set_exception(error) if error is not None else done.set_result(result)
+            else:
+                loops.setdefault(done.get_loop(), []).append((done, result, error))
+        for loop, settled in loops.items():
+            try:
+                loop.call_soon_threadsafe(_settle, settled)
+            except RuntimeError:
+                pass  # that loop has closed: nobody waits for these results
+
+
+def _settle(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
+    """On an event loop: give its coroutines their results (a caller that gave up is skipped)."""
+    for done, result, error in outcomes:
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(result)
 
 
 def batched(max_batch: int = 64, max_wait_ms: float = 2.0) -> Callable[[Callable], Callable]:
@@ -101,12 +119,12 @@ def batched(max_batch: int = 64, max_wait_ms: float = 2.0) -> Callable[[Callable
             batcher, request = batcher_for(args)
             return batcher(request)
 
-        def submit(*args: Any) -> Future:
-            """As a call, but return the result's Future at once (await it with asyncio.wrap_future)."""
+        async def acall(*args: Any) -> Any:
+            """As a call, from a coroutine."""
             batcher, request = batcher_for(args)
-            return batcher.submit(request)
+            return await batcher.acall(request)
 
-        call.submit = submit  # type: ignore[attr-defined]
+        call.acall = acall  # type: ignore[attr-defined]
         call.plain = plain  # type: ignore[attr-defined]  (a plain function's batcher, for metrics and tests)
         return call
 

@@ -60,6 +60,29 @@ def test_batched_errors_reach_every_caller_of_the_batch_and_the_service_goes_on(
     assert fragile(3) == 3
 
 
+def test_batched_serves_coroutines_with_their_results_and_errors():
+    import asyncio
+
+    seen = []
+
+    @shoal.batched(max_batch=8, max_wait_ms=50)
+    def square(xs):
+        seen.append(len(xs))
+        if -1 in xs:
+            raise ValueError("negative")
+        return [x * x for x in xs]
+
+    async def main():
+        got = await asyncio.gather(*[square.acall(i) for i in range(20)])
+        with pytest.raises(ValueError, match="negative"):
+            await square.acall(-1)
+        return got, await square.acall(3)
+
+    got, after = asyncio.run(main())
+    assert got == [i * i for i in range(20)] and after == 9
+    assert max(seen) == 8 and sum(seen[:3]) == 20  # three gathered batches, bounded by max_batch
+
+
 def test_served_actions_equal_policy_act_across_batch_sizes(tmp_path, tiny):
     for env in ("CartPole-v1", "Pendulum-v1"):
         policy = make_checkpoint(tmp_path / env, env=env, tiny=tiny)

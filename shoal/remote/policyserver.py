@@ -14,7 +14,6 @@ runs in its handler, without the hand-off to the batcher's thread.
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 from collections import defaultdict
@@ -126,7 +125,7 @@ class PolicyServer:
         if self.max_batch == 1:
             [(actions, version)] = self._infer_batch([request])
         else:
-            actions, version = await asyncio.wrap_future(self.infer.submit(request))
+            actions, version = await self.infer.acall(request)
         return pb.ActReply(actions=encode(actions), version=version)
 
     def _infer_batch(self, requests: list[tuple[Policy, np.ndarray, bool]]) -> list[tuple[np.ndarray, int]]:
