@@ -66,13 +66,13 @@ def set_up_torch(threads: int) -> None:
     """Each role's torch settings: its intra-op threads, and denormal floats flushed to zero.
 
     Adam's second moments of small gradients decay into denormals, which the CPU handles in
-    microcode: a DQN update on CartPole took 1.19 ms with them and 0.90 ms without (fused Adam
-    alone 390 vs 90 us; BENCHMARKS.md). Values below 1.2e-38 becoming 0 changes no result that
-    matters. The setting is per thread, and torch's intra-op threads inherit it when they are
-    created, at the process's first parallel op: the driver and every role call this first
-    thing, on the thread that runs their calls. (A process that ran parallel torch ops before
-    it keeps denormals in those threads: in-process, a DQN update costs 1.57 ms then, 1.18 ms
-    with every thread flushing, 2 torch threads.)
+    microcode: DQN on CartPole took 2.24 ms per update with them and 1.68 ms without
+    (benchmarks/bench_denormals.py, BENCHMARKS.md). Values below 1.2e-38 becoming 0 changes no
+    result that matters. The setting is per thread, and torch's intra-op threads inherit it when
+    they are created, at the process's first parallel op: the driver and every role call this
+    first thing, on the thread that runs their calls. (A process that ran parallel torch ops
+    before keeps denormals in those threads: with 2 torch threads a DQN update cost 1.57 ms
+    then, 1.16 ms with every thread flushing.)
     """
     torch.set_flush_denormal(True)
     torch.set_num_threads(threads)
