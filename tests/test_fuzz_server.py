@@ -69,3 +69,49 @@ def test_the_server_still_serves_after_the_fuzzing(target):
     reply = pb.StepReply.FromString(calls["Step"](pb.StepRequest(
         session=session, actions=encode(np.zeros((2, 1), np.float32))).SerializeToString(), timeout=5))
     assert reply.obs.shape == [2, 3]
+
+
+@pytest.fixture(scope="module")
+def policy_target(tmp_path_factory):
+    """The policy server (grpc.aio) on an untrained CartPole policy."""
+    import shoal
+    from shoal.algos.ppo import PPOConfig
+    from shoal.remote.policyserver import PolicyServer
+
+    path = tmp_path_factory.mktemp("policy") / "ckpt"
+    with shoal.make(PPOConfig(env="CartPole-v1", progress=False, tensorboard=False)) as algo:
+        algo.save(path)
+    server = PolicyServer({"default": path}, port=0, max_batch=8, max_wait_ms=1,
+                          max_message_bytes=1 << 16).start()
+    channel = grpc.insecure_channel(server.address)
+    yield channel.unary_unary("/shoal.v1.PolicyService/Act"), channel.stream_stream("/shoal.v1.PolicyService/ActStream")
+    channel.close()
+    server.stop(grace=0)
+
+
+act_payloads = st.one_of(
+    st.binary(max_size=256),
+    st.tuples(st.text(max_size=12), arrays, st.booleans()).map(
+        lambda t: pb.ActRequest(policy_id=t[0], obs=t[1], deterministic=t[2]).SerializeToString()),
+)
+
+
+@settings(max_examples=3_000, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(payload=act_payloads, stream=st.booleans())
+def test_the_policy_server_answers_malformed_requests_clearly(policy_target, payload, stream):
+    act, act_stream = policy_target
+    try:
+        if stream:  # a stream of one bad request, then the end
+            list(act_stream(iter([payload]), timeout=5))
+        else:
+            act(payload, timeout=5)
+    except grpc.RpcError as e:
+        assert e.code() in EXPECTED, (stream, payload[:64], e.code(), e.details())
+
+
+def test_the_policy_server_still_serves_after_the_fuzzing(policy_target):
+    act, _ = policy_target
+    reply = pb.ActReply.FromString(act(pb.ActRequest(obs=encode(np.zeros((3, 4), np.float32)),
+                                                     deterministic=True).SerializeToString(), timeout=5))
+    assert reply.actions.shape == [3]
