@@ -104,6 +104,19 @@ def _parse(request_cls: Any, raw: bytes) -> Any:
 UNAUTHENTICATED = (grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
 
+def _service(service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], Any]],
+             streams: dict[str, tuple[Callable[[Any, Any], Any], Any]] | None,
+             unary: Callable[[Any, Any], Any], stream: Callable[[Any, Any], Any]) -> Any:
+    """The service's generic handler: each method's function wrapped by ``unary`` or ``stream``
+    (the server's guards), replies serialised from their messages."""
+    serialize = lambda m: m.SerializeToString()  # noqa: E731
+    methods = {name: grpc.unary_unary_rpc_method_handler(unary(fn, cls), response_serializer=serialize)
+               for name, (fn, cls) in handlers.items()}
+    for name, (fn, cls) in (streams or {}).items():
+        methods[name] = grpc.stream_stream_rpc_method_handler(stream(fn, cls), response_serializer=serialize)
+    return grpc.method_handlers_generic_handler(service, methods)
+
+
 class GrpcServer:
     """A gRPC server with shoal's guards, for one service's handlers."""
 
@@ -116,13 +129,7 @@ class GrpcServer:
         options = _options(max_message_bytes)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                                   maximum_concurrent_rpcs=workers * 8)
-        serialize = lambda m: m.SerializeToString()  # noqa: E731
-        methods = {name: grpc.unary_unary_rpc_method_handler(self._guard(fn, request_cls), response_serializer=serialize)
-                   for name, (fn, request_cls) in handlers.items()}
-        for name, (fn, request_cls) in (streams or {}).items():
-            methods[name] = grpc.stream_stream_rpc_method_handler(self._guard_stream(fn, request_cls),
-                                                                   response_serializer=serialize)
-        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
+        self.server.add_generic_rpc_handlers([_service(service, handlers, streams, self._guard, self._guard_stream)])
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = _bind(self.server, host, port, token, tls_cert, tls_key)
@@ -196,13 +203,7 @@ class AioGrpcServer:
 
         async def build() -> Any:  # grpc.aio objects belong to the loop they are made in
             server = grpc.aio.server(options=_options(max_message_bytes), maximum_concurrent_rpcs=max_calls)
-            serialize = lambda m: m.SerializeToString()  # noqa: E731
-            methods = {name: grpc.unary_unary_rpc_method_handler(self._unary(fn, cls), response_serializer=serialize)
-                       for name, (fn, cls) in handlers.items()}
-            for name, (fn, cls) in (streams or {}).items():
-                methods[name] = grpc.stream_stream_rpc_method_handler(self._stream(fn, cls),
-                                                                       response_serializer=serialize)
-            server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, methods)])
+            server.add_generic_rpc_handlers([_service(service, handlers, streams, self._unary, self._stream)])
             self.health = health.aio.HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
             return server, _bind(server, host, port, token, tls_cert, tls_key)
