@@ -10,7 +10,10 @@
 
 Callers from any number of threads each pass one request; a worker thread per instance takes
 the first waiting request, gathers more for at most ``max_wait_ms`` (or until ``max_batch``),
-calls the function once with the list, and hands each caller its result. An exception in
+calls the function once with the list, and hands each caller its result. The worker wakes for
+the first request and for a full batch, not for every request: each wake-up is a hand-over of
+the GIL between threads, and 32 of them per batch cost the policy server a quarter of its
+throughput (BENCHMARKS.md). An exception in
 the function is raised in every caller of that batch; the service goes on with the next.
 Coroutines' results go back to their event loop in one wake-up per batch, not one per request.
 """
@@ -21,7 +24,6 @@ import asyncio
 import functools
 import queue
 import threading
-import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -33,29 +35,36 @@ class Batcher:
     def __init__(self, fn: Callable[[list[Any]], list[Any]], max_batch: int, max_wait_ms: float):
         self.fn, self.max_batch, self.max_wait_s = fn, max_batch, max_wait_ms / 1000.0
         self.requests: queue.SimpleQueue[tuple[Any, Future | asyncio.Future]] = queue.SimpleQueue()
+        self.full = threading.Event()  # set when the requests waiting fill a batch with the worker's first
         self.sizes: list[int] = []  # batch sizes served, for metrics (bounded)
         self.worker = threading.Thread(target=self._run, daemon=True, name="shoal-batcher")
         self.worker.start()
 
     def __call__(self, request: Any, timeout: float | None = None) -> Any:
         done: Future = Future()
-        self.requests.put((request, done))
+        self._put(request, done)
         return done.result(timeout)
 
     async def acall(self, request: Any) -> Any:
         """As a call, from a coroutine: waits without holding a thread."""
         done = asyncio.get_running_loop().create_future()
-        self.requests.put((request, done))
+        self._put(request, done)
         return await done
+
+    def _put(self, request: Any, done: Future | asyncio.Future) -> None:
+        self.requests.put((request, done))
+        if self.requests.qsize() >= self.max_batch - 1:
+            self.full.set()
 
     def _run(self) -> None:
         while True:
-            batch = [self.requests.get()]
-            deadline = time.monotonic() + self.max_wait_s
+            batch = [self.requests.get()]  # wakes for the first request
+            self.full.clear()  # then for a full batch (_put sets it), or at the deadline
+            if self.requests.qsize() < self.max_batch - 1:
+                self.full.wait(self.max_wait_s)
             while len(batch) < self.max_batch:
-                left = deadline - time.monotonic()
                 try:
-                    batch.append(self.requests.get(timeout=left) if left > 0 else self.requests.get_nowait())
+                    batch.append(self.requests.get_nowait())
                 except queue.Empty:
                     break
             self._serve(batch)

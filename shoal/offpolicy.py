@@ -125,7 +125,9 @@ class QCritics(nn.Module):
         """Q-values of the critics in ``members`` (all by default): [K', N] of (obs, actions) for
         continuous actions; [K', N, actions] for discrete ones (no ``actions`` argument). With
         ``detach_weights`` gradients reach the inputs (dQ/da for an actor) but not the weights."""
-        layers = [(w[members], b[members]) for w, b in zip(self.weights, self.biases)]
+        layers = list(zip(self.weights, self.biases))
+        if members != slice(None):  # a view of all of them would cost a copy of each gradient in backward
+            layers = [(w[members], b[members]) for w, b in layers]
         if detach_weights:
             layers = [(w.detach(), b.detach()) for w, b in layers]
         x = obs if self.discrete else torch.cat([obs, actions], dim=-1)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from shoal.config import Config, _check
-from shoal.learner import Learner
+from shoal.learner import Learner, clip_grad_norm
 from shoal.policy import ActorCritic
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
@@ -213,7 +213,7 @@ class VTraceLearner(OnPolicyLearner):
                 loss = pg + c.vf_coef * vl - c.ent_coef * entropy
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(m.parameters(), c.max_grad_norm)
+                clip_grad_norm(m.parameters(), c.max_grad_norm)
                 self.optimizer.step()
                 stats.append(torch.stack([pg.detach(), vl.detach(), entropy.detach()]))
         self.merge_obs_stats(rollouts)

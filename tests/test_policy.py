@@ -1,10 +1,11 @@
-"""Policy pieces: the normaliser's merge, the fast log-prob path, deployment ``act``."""
+"""Policy pieces: the normaliser's merge, the fast log-prob path, deployment ``act``, gradient clipping."""
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch.distributions import Categorical, Normal
 
+from shoal.learner import clip_grad_norm
 from shoal.policy import ActorCritic, Moments, Policy, RunningNorm
 
 
@@ -77,3 +78,20 @@ def test_a_learner_flushes_denormals_in_its_thread():
         assert (tiny * 1e-10).item() == 0.0
     finally:
         torch.set_flush_denormal(True)
+
+
+def test_clip_grad_norm_scales_as_torch_does_and_only_when_it_must():
+    for max_norm in (1e-3, 0.5, 1e9):  # clipped hard, clipped, left alone
+        torch.manual_seed(0)
+        nets = [torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)) for _ in "ab"]
+        nets[1].load_state_dict(nets[0].state_dict())
+        x = torch.randn(64, 4)
+        for net in nets:
+            net(x).pow(2).sum().backward()
+        before = [p.grad.clone() for p in nets[1].parameters()]
+        theirs = torch.nn.utils.clip_grad_norm_(nets[0].parameters(), max_norm)
+        ours = clip_grad_norm(nets[1].parameters(), max_norm)
+        assert ours == theirs
+        for p, q, g in zip(nets[0].parameters(), nets[1].parameters(), before):
+            assert torch.equal(p.grad, q.grad)
+            assert torch.equal(q.grad, g) == (max_norm > float(ours))  # scaled exactly when over max_norm

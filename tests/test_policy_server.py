@@ -48,6 +48,31 @@ def test_batched_decorator_gathers_concurrent_calls():
     assert max(seen) == 8 and sum(seen) == 20 and len(seen) < 20  # gathered, and bounded by max_batch
 
 
+def test_a_full_batch_is_served_at_once_and_a_lone_request_at_the_deadline():
+    @shoal.batched(max_batch=4, max_wait_ms=2000)
+    def ident(xs):
+        return xs
+
+    barrier = threading.Barrier(4)
+    took = []
+
+    def call(i):
+        barrier.wait()
+        start = time.monotonic()
+        assert ident(i) == i
+        took.append(time.monotonic() - start)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(took) == 4 and max(took) < 1.0  # the fourth request filled the batch: no 2 s wait
+    start = time.monotonic()
+    assert ident(7) == 7
+    assert 1.9 < time.monotonic() - start < 10  # alone, it waits out max_wait_ms for company
+
+
 def test_batched_errors_reach_every_caller_of_the_batch_and_the_service_goes_on():
     @shoal.batched(max_batch=4, max_wait_ms=1)
     def fragile(xs):

@@ -14,6 +14,7 @@ import torch
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
+from shoal.learner import clip_grad_norm
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
 from shoal.runner import Rollout
 
@@ -66,7 +67,7 @@ class A2CLearner(OnPolicyLearner):
         loss = pg + c.vf_coef * vl - c.ent_coef * entropy
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(m.parameters(), c.max_grad_norm)
+        grad_norm = clip_grad_norm(m.parameters(), c.max_grad_norm)
         self.optimizer.step()
         self.merge_obs_stats(rollouts)
         return {"loss/policy": float(pg.detach()), "loss/value": float(vl.detach()), "loss/entropy": float(entropy.detach()),

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
+from shoal.learner import clip_grad_norm
 from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, polyak, target_copy
 from shoal.policy import PolicyModule, mlp
 from shoal.replay import Transitions
@@ -148,7 +149,7 @@ class DQNLearner(OffPolicyLearner):
         loss = (b.weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.max_grad_norm)
+        clip_grad_norm(self.policy.parameters(), c.max_grad_norm)
         self.optimizer.step()
         if c.tau < 1.0:
             polyak(self.target, self.policy, c.tau)

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
+from shoal.learner import clip_grad_norm
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
 from shoal.runner import Rollout
 
@@ -91,7 +92,7 @@ class PPOLearner(OnPolicyLearner):
                 loss = pg + c.vf_coef * vl - c.ent_coef * entropy
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(m.parameters(), c.max_grad_norm)
+                clip_grad_norm(m.parameters(), c.max_grad_norm)
                 self.optimizer.step()
                 with torch.no_grad():
                     log_ratio = logp - batch["logp"][idx]

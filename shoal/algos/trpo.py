@@ -19,6 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
+from shoal.learner import clip_grad_norm
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
 from shoal.runner import Rollout
 
@@ -149,7 +150,7 @@ class TRPOLearner(OnPolicyLearner):
                 loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(m.critic.parameters(), c.max_grad_norm)
+                clip_grad_norm(m.critic.parameters(), c.max_grad_norm)
                 self.optimizer.step()
                 losses.append(loss.detach())
         self.merge_obs_stats(rollouts)
