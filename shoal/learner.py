@@ -19,8 +19,9 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` that scales the gradients only when it must.
 
     Its total norm and scale are the same; when the norm is within ``max_norm`` (most updates)
-    it skips the multiplication by 1 that torch's version makes, a tenth of a small MLP's update
-    on a CPU (DQN on CartPole: 57 of 1,130 us). Returns the total norm before clipping.
+    it skips the multiplication by 1 that torch's version makes, and torch's bookkeeping around
+    it (DQN's update on CartPole: 1,085 -> 1,040 us). A NaN norm leaves the gradients as they
+    are (torch's makes them all NaN). Returns the total norm before clipping.
     """
     params = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
