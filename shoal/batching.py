@@ -79,21 +79,23 @@ class Batcher:
             outcomes = [(done, result, None) for (_, done), result in zip(batch, results)]
         except BaseException as e:  # every caller of this batch learns of it; the service goes on
             outcomes = [(done, None, e) for _, done in batch]
-        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any, BaseException | None]]] = {}
-        for done, result, error in outcomes:
-            if isinstance(done, Future):
-                done.set_exception(error) if error is not None else done.set_result(result)
-            else:
-                loops.setdefault(done.get_loop(), []).append((done, result, error))
+        # Threads' futures are settled here; coroutines' on their own loop, one wake-up per loop.
+        loops: dict[asyncio.AbstractEventLoop | None, list[tuple[Any, Any, BaseException | None]]] = {}
+        for outcome in outcomes:
+            loops.setdefault(None if isinstance(outcome[0], Future) else outcome[0].get_loop(), []).append(outcome)
         for loop, settled in loops.items():
+            if loop is None:
+                _settle(settled)
+                continue
             try:
                 loop.call_soon_threadsafe(_settle, settled)
             except RuntimeError:
                 pass  # that loop has closed: nobody waits for these results
 
 
-def _settle(outcomes: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
-    """On an event loop: give its coroutines their results (a caller that gave up is skipped)."""
+def _settle(outcomes: list[tuple[Any, Any, BaseException | None]]) -> None:
+    """Give callers their results (a caller that gave up is skipped); coroutines' futures only
+    from their own event loop."""
     for done, result, error in outcomes:
         if not done.done():
             done.set_exception(error) if error is not None else done.set_result(result)
