@@ -134,11 +134,26 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
         return value
+    if hint in (int, float) and isinstance(value, str):
+        value = _number(key, hint, value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
-        raise ConfigError(f"{key} expects a {hint.__name__}, got {value!r}")
+        article = "an" if hint.__name__[0] in "aeiou" else "a"
+        raise ConfigError(f"{key} expects {article} {hint.__name__}, got {value!r}")
     return value
+
+
+def _number(key: str, hint: type, text: str) -> Any:
+    """A number YAML 1.1 left as text: ``5e-4`` and ``1e6`` (it needs ``5.0e-4``). Other text is
+    returned as it is, for the type check to reject."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if hint is int:
+        return int(number) if number.is_integer() else text
+    return number
 
 
 def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str) -> dict[str, Any]:

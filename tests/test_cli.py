@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from shoal.cli import main
-from shoal.config import build
+from shoal.config import build, parse_set
 from shoal.algos.ppo import PPOConfig
 from shoal.errors import ConfigError
 
@@ -53,6 +53,18 @@ def test_layering_preset_file_set_and_flags(tmp_path):
     assert c.num_epochs == 20  # from the CartPole preset
     assert c.lr == 0.01 and c.hidden_sizes == (32, 32)  # from the file
     assert c.gamma == 0.95  # --set beats the file
+
+
+def test_numbers_in_exponent_form_are_numbers(tmp_path):
+    """YAML 1.1 reads 5e-4 as text; --set lr=5e-4 and a file's "total_steps: 1e5" must still work."""
+    f = tmp_path / "c.yaml"
+    f.write_text("total_steps: 1e5\n")
+    c = build(PPOConfig, "ppo", env="CartPole-v1", file=str(f), sets=parse_set(["lr=5e-4", "clip=2E-1"]))
+    assert (c.lr, c.clip, c.total_steps) == (5e-4, 0.2, 100_000) and isinstance(c.total_steps, int)
+    with pytest.raises(ConfigError, match="total_steps expects an int, got '1e-3'"):
+        build(PPOConfig, "ppo", sets=parse_set(["total_steps=1e-3"]))
+    with pytest.raises(ConfigError, match="lr expects a float, got 'fast'"):
+        build(PPOConfig, "ppo", sets=parse_set(["lr=fast"]))
 
 
 @pytest.mark.parametrize("argv, message", [
