@@ -84,6 +84,10 @@ class LocalBackend:
         """A store the roles share by reference."""
         return WeightStore()
 
+    def live_store(self) -> dict[str, Any] | None:
+        """Where other processes can subscribe to the weight store (none: it lives in this process)."""
+        return None
+
     def runner_cpus(self) -> float:
         """CPUs to reserve per runner (nothing to reserve in-process)."""
         return 0.0
@@ -113,6 +117,9 @@ class RayHandle:
         import ray
 
         return ray.get(future)
+
+
+STORE_NAMESPACE = "shoal"
 
 
 class RayWeightStore:
@@ -245,8 +252,25 @@ class RayBackend:
         return self.make(cls, *args, name=name, num_cpus=num_cpus, **kwargs)
 
     def weight_store(self) -> RayWeightStore:
-        """A WeightStore actor and the client every role shares."""
-        return RayWeightStore(self.make(WeightStore, name="weight-store").actor)
+        """A WeightStore actor and the client every role shares. It is a named actor (namespace
+        ``shoal``), so that ``shoal serve-policy --follow`` in another process can subscribe."""
+        import uuid
+
+        import ray
+
+        self.store_name = f"weights-{uuid.uuid4().hex[:12]}"
+        actor = ray.remote(WeightStore).options(num_cpus=0, name=self.store_name, namespace=STORE_NAMESPACE).remote()
+        self.actors.append(actor)
+        return RayWeightStore(actor)
+
+    def live_store(self) -> dict[str, Any] | None:
+        """The cluster's address and the store actor's name, for subscribers in other processes."""
+        import ray
+
+        if getattr(self, "store_name", None) is None:
+            return None
+        return {"address": ray.get_runtime_context().gcs_address, "namespace": STORE_NAMESPACE,
+                "actor": self.store_name, "auth_mode": os.environ.get("RAY_AUTH_MODE")}
 
     def runner_cpus(self) -> float:
         """One CPU per runner where the cluster has them, else a fair share: an actor asking for

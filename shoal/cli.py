@@ -237,7 +237,8 @@ class ServePolicyArgs:
     policy_id: tuple[str, ...] = ()
     """An id for each path, in order (default: `default` for one path, else the directory names)."""
     follow: bool = False
-    """Watch the run directories and swap in each newer checkpoint as it is written."""
+    """Swap in newer weights as they come: from the trainer's weight store while a run on the ray
+    backend is going (each version the learner publishes), else each newer checkpoint."""
     max_batch: int = 64
     """Requests gathered into one forward pass, at most."""
     max_wait_ms: float = 2.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import time
@@ -18,6 +19,9 @@ import yaml
 
 from shoal.config import to_dict
 from shoal.errors import ShoalError
+
+
+LIVE = "live.json"  # a running trainer's weight store, while it runs (ray backend)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -104,6 +108,16 @@ class RunDir:
         """The resolved config, with the algorithm name, as YAML."""
         text = yaml.safe_dump({"algo": algo, **to_dict(config)}, sort_keys=False)
         atomic_write_text(self.path / "config.yaml", text)
+
+    def mark_live(self, store: dict[str, Any] | None) -> None:
+        """Name the running trainer's weight store (ray backend) in ``live.json``, for
+        ``shoal serve-policy --follow``; nothing for a store that lives in the trainer's process."""
+        if store is not None:
+            atomic_write_text(self.path / LIVE, json.dumps(store))
+
+    def clear_live(self) -> None:
+        """The run's store is gone: followers fall back to its checkpoints."""
+        (self.path / LIVE).unlink(missing_ok=True)
 
     def log(self, metrics: dict[str, Any], evaluation: bool = False) -> None:
         """One row of training (or evaluation) metrics, to CSV and TensorBoard."""

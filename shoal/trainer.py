@@ -93,6 +93,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
         return result
 
     name = f"{algo.spec.name} {c.env}"
+    run.mark_live(algo.backend.live_store())
     try:
         with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
@@ -156,6 +157,8 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
                 algo.restore(found[-1])
             run.progress.truncate_after(algo.env_steps)
             run.evals.truncate_after(algo.env_steps)
+        finally:
+            run.clear_live()  # the store stopped with the roles (a restart's fit names its new one)
 
 
 def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None,

@@ -181,6 +181,22 @@ def test_follow_hot_swaps_to_newer_checkpoints(tmp_path, tiny):
             server.stop(grace=0)
 
 
+def test_follow_tries_a_stale_live_file_once_and_follows_the_checkpoints(tmp_path, tiny, caplog):
+    """A trainer killed on Ray leaves live.json naming a cluster that is gone: the server says so
+    once, serves the checkpoints, and does not knock on the dead address at every poll."""
+    run = tmp_path / "run"
+    make_checkpoint(run / "checkpoints" / "ckpt_000000001", tiny=tiny)
+    (run / "live.json").write_text('{"address": "127.0.0.1:1", "namespace": "shoal", "actor": "weights-x"}')
+    server = PolicyServer({"default": run}, port=0, follow=True, poll_s=0.05)
+    try:
+        assert server.refresh() == [] and server.policies["default"].version == 1
+        assert caplog.text.count("cannot follow the trainer") == 1
+        make_checkpoint(run / "checkpoints" / "ckpt_000000002", iterations=2, tiny=tiny)
+        assert server.refresh() == ["default"] and server.policies["default"].version == 2
+    finally:
+        server.stop(grace=0)
+
+
 def test_streams_and_the_guards_of_the_asyncio_server(tmp_path, tiny):
     """ActStream answers as Act does; a token, malformed bytes, an oversize message or a bad
     request fails that call only (a bad request ends its stream); health says SERVING."""

@@ -113,3 +113,53 @@ def test_central_inference_batches_runners_requests(ray_cluster, tiny):
     assert stats["batches"] < stats["requests"]  # some forward passes served both runners
     assert stats["version"] == 2 and metrics["learner/policy_lag_max"] == 0
     assert runner_versions == [3, 3]  # (asking a runner to sync loads weights it never needed before)
+
+
+def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny, tmp_path):
+    """`shoal serve-policy RUN_DIR --follow`, in its own process, joins the trainer's Ray cluster
+    and serves each version the learner publishes, before any checkpoint exists; when the run
+    ends it follows the checkpoints."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from shoal.remote.policyserver import PolicyClient
+
+    run = tmp_path / "run"
+    obs = np.zeros((1, 4), np.float32)
+    seen: dict = {}
+
+    def callback(algo, metrics):
+        if algo.iteration == 1:
+            assert (run / "live.json").is_file() and not list(run.glob("checkpoints/ckpt_*"))
+            shoal_cli = str(Path(sys.executable).parent / "shoal")
+            seen["proc"] = subprocess.Popen([shoal_cli, "serve-policy", str(run), "--follow", "--port", "0"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            line = seen["proc"].stdout.readline()
+            assert " on " in line, line + seen["proc"].stdout.read()
+            seen["client"] = PolicyClient(line.split(" on ")[1].split()[0])
+            assert seen["client"].act(obs)[1] == algo.policy_version  # the store's weights from the start
+        if algo.iteration == 3:  # the learner published 2 more versions since
+            deadline = time.monotonic() + 20
+            while seen["client"].act(obs)[1] != algo.policy_version and time.monotonic() < deadline:
+                time.sleep(0.1)
+            seen["followed"] = (seen["client"].act(obs)[1], algo.policy_version)
+
+    config = tiny(backend="ray", num_env_runners=1, total_steps=4 * 64, checkpoint_interval=10_000)
+    try:
+        summary = shoal.train(config, run_dir=run, callback=callback)
+        assert seen["followed"][0] == seen["followed"][1] == 3
+        assert not (run / "live.json").exists()  # the run ended: its store is gone with it
+        deadline = time.monotonic() + 20
+        while seen["client"].act(obs)[1] != 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen["client"].act(obs)[1] == 4  # the final checkpoint's version
+        assert seen["proc"].poll() is None
+        assert Path(summary["checkpoint"]).name.startswith("ckpt_")
+    finally:
+        if "client" in seen:
+            seen["client"].close()
+        if "proc" in seen:
+            seen["proc"].terminate()
+            seen["proc"].wait(timeout=30)

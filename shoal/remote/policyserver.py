@@ -3,8 +3,9 @@
 ``shoal serve-policy RUN_DIR`` serves a trained policy over gRPC (``PolicyService`` in
 ``proto/shoal.proto``). Requests from many clients are gathered by ``@shoal.batched`` into one
 forward pass per policy (bounded by ``max_batch`` requests and ``max_wait_ms``); several
-policies are served by id; with ``follow`` the server watches run directories and swaps in each
-newer checkpoint, and every reply names the version that computed it.
+policies are served by id; with ``follow`` the server swaps in newer weights (a running Ray
+trainer's weight store, named in its run directory's ``live.json``, else the newest checkpoint),
+and every reply names the version that computed it.
 
 It runs on grpc.aio (:class:`AioGrpcServer`): each call is a coroutine that hands its request
 to the batcher's thread and awaits the result, and ``ActStream`` carries a client's requests
@@ -14,6 +15,9 @@ runs in its handler, without the hand-off to the batcher's thread.
 
 from __future__ import annotations
 
+import copy
+import json
+import logging
 import queue
 import threading
 from collections import defaultdict
@@ -27,10 +31,13 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.batching import batched
 from shoal.errors import ShoalError
-from shoal.policy import Policy
+from shoal.policy import Policy, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.server import Abort, AioGrpcServer, log
 from shoal.remote.wire import WireError, decode, encode, encode_space
+from shoal.rundir import LIVE
+
+TRAINER_POLICY_ID = "default"  # the id a single-policy trainer publishes under
 
 SERVICE = "shoal.v1.PolicyService"
 
@@ -45,7 +52,9 @@ class PolicyServer:
         if not sources:
             raise ShoalError("name at least one run directory or checkpoint to serve")
         self.sources = {pid: Path(p) for pid, p in sources.items()}
-        self.policies: dict[str, Policy] = {pid: load_policy(p) for pid, p in self.sources.items()}
+        self.policies: dict[str, Policy] = {pid: _first_policy(p, follow) for pid, p in self.sources.items()}
+        self.stores: dict[str, Any] = {}  # policy id -> the WeightStore actor of its running trainer
+        self.unreachable: dict[str, int] = {}  # policy id -> mtime of a live.json that led nowhere
         self.default = next(iter(self.policies))
         self.lock = threading.Lock()
         self.max_batch = max_batch
@@ -56,6 +65,8 @@ class PolicyServer:
         self.follow, self.poll_s = follow, poll_s
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
+        if follow:
+            self.refresh()  # a running trainer's newest weights from the start
 
     @property
     def address(self) -> str:
@@ -80,11 +91,16 @@ class PolicyServer:
             self.refresh()
 
     def refresh(self) -> list[str]:
-        """Load newer checkpoints of the followed sources; returns the ids that changed."""
+        """Load newer weights of the followed sources: from the running trainer's weight store
+        while its run directory names one (ray backend), else from its newest checkpoint.
+        Returns the ids that changed."""
         from shoal.algorithm import load_policy
 
         changed = []
         for pid, source in self.sources.items():
+            if self._refresh_from_store(pid, source):
+                changed.append(pid)
+                continue
             try:
                 path = ckpt.resolve(source)
                 version = ckpt.read_meta(path)["policy_version"]
@@ -97,6 +113,42 @@ class PolicyServer:
             except (ShoalError, OSError, KeyError) as e:  # a run mid-write, or gone: keep serving what we have
                 log.warning("policy %s: cannot follow %s: %s", pid, source, e)
         return changed
+
+    def _refresh_from_store(self, pid: str, source: Path) -> bool:
+        """Subscribe to the trainer's weight store named in ``source/live.json``; whether newer
+        weights came. A store that cannot be reached (the run ended, the cluster is gone) is
+        dropped with a warning, and the checkpoints are followed instead."""
+        live = source / LIVE
+        try:
+            stamp = live.stat().st_mtime_ns
+        except OSError:  # no trainer running (or not on Ray)
+            self.stores.pop(pid, None)
+            return False
+        if self.unreachable.get(pid) == stamp:
+            return False  # tried that file already: a trainer that was killed left it behind
+        try:
+            import ray
+
+            if pid not in self.stores:
+                self.stores[pid] = _store_actor(json.loads(live.read_text()))
+                log.info("policy %s: following the weight store of the run in %s", pid, source)
+            current = self.policies[pid]
+            got = ray.get(self.stores[pid].latest.remote(TRAINER_POLICY_ID, current.version), timeout=10)
+            if got is None:
+                return False
+            version, [ref] = got
+            weights = ray.get(ref, timeout=10)
+        except Exception as e:  # noqa: BLE001 - Ray raises many types for a vanished actor or cluster
+            self.stores.pop(pid, None)
+            self.unreachable[pid] = stamp
+            log.warning("policy %s: cannot follow the trainer of %s (%s); following its checkpoints",
+                        pid, source, str(e).strip().splitlines()[0][:200])
+            return False
+        module = copy.deepcopy(current.module)  # batches in flight keep the policy they started with
+        set_weights(module, weights)
+        with self.lock:
+            self.policies[pid] = Policy(module, version)
+        return True
 
     # -- handlers -------------------------------------------------------------------------------
     def _policy(self, policy_id: str) -> Policy:
@@ -143,6 +195,43 @@ class PolicyServer:
             for k, i in enumerate(idx):
                 out[i] = (np.asarray(actions[bounds[k]:bounds[k + 1]]), policy.version)
         return out
+
+
+def _first_policy(source: Path, follow: bool) -> Policy:
+    """The newest checkpoint's policy; for a followed run that has none yet but a running trainer
+    (``live.json``), an untrained one of the run's config, at version -1 until the store's weights
+    load."""
+    from shoal.algorithm import config_from_dict, load_policy
+    from shoal.algos import get
+    from shoal.envs import env_spaces
+    from shoal.trainer import read_run_config
+
+    try:
+        return load_policy(source)
+    except ShoalError:
+        if not (follow and (source / LIVE).is_file()):
+            raise
+    saved = read_run_config(source)
+    algo = saved.pop("algo")
+    config = config_from_dict(algo, saved, str(source / "config.yaml"))
+    return Policy(get(algo).make_policy(config, *env_spaces(config.env)), version=-1)
+
+
+def _store_actor(live: dict[str, Any]) -> Any:
+    """The WeightStore actor ``live.json`` names, joining its Ray cluster if this process has not."""
+    import os
+
+    if live.get("auth_mode") and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = live["auth_mode"]  # as the trainer joined; Ray reads it on import
+    import ray
+
+    from shoal.backends import _check_reachable
+
+    if not ray.is_initialized():
+        _check_reachable(live["address"])
+        ray.init(address=live["address"], namespace=live["namespace"], include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    return ray.get_actor(live["actor"], namespace=live["namespace"])
 
 
 class PolicyClient:
