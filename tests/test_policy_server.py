@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import shoal
+from shoal.errors import ShoalError
 from shoal.remote.policyserver import PolicyClient, PolicyServer
 
 
@@ -195,6 +197,11 @@ def test_follow_tries_a_stale_live_file_once_and_follows_the_checkpoints(tmp_pat
         assert server.refresh() == ["default"] and server.policies["default"].version == 2
     finally:
         server.stop(grace=0)
+    no_checkpoint = tmp_path / "fresh"
+    shutil.copytree(run, no_checkpoint, ignore=shutil.ignore_patterns("checkpoints"))
+    (no_checkpoint / "config.yaml").write_text("algo: ppo\nenv: CartPole-v1\n")
+    with pytest.raises(ShoalError, match="no checkpoint yet, and the running trainer's weight store cannot be"):
+        PolicyServer({"default": no_checkpoint}, port=0, follow=True)
 
 
 def test_streams_and_the_guards_of_the_asyncio_server(tmp_path, tiny):

@@ -67,6 +67,11 @@ class PolicyServer:
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         if follow:
             self.refresh()  # a running trainer's newest weights from the start
+            untrained = [str(self.sources[pid]) for pid, p in self.policies.items() if p.version < 0]
+            if untrained:  # never serve the untrained stand-in of _first_policy
+                self.server.stop(grace=0)
+                raise ShoalError(f"{', '.join(untrained)}: no checkpoint yet, and the running trainer's weight "
+                                 "store cannot be reached (see the warning above)")
 
     @property
     def address(self) -> str:
