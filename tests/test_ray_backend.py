@@ -119,6 +119,7 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
     """`shoal serve-policy RUN_DIR --follow`, in its own process, joins the trainer's Ray cluster
     and serves each version the learner publishes, before any checkpoint exists; when the run
     ends it follows the checkpoints."""
+    import select
     import subprocess
     import sys
     import time
@@ -136,8 +137,9 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
             shoal_cli = str(Path(sys.executable).parent / "shoal")
             seen["proc"] = subprocess.Popen([shoal_cli, "serve-policy", str(run), "--follow", "--port", "0"],
                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            line = seen["proc"].stdout.readline()
-            assert " on " in line, line + seen["proc"].stdout.read()
+            ready, _, _ = select.select([seen["proc"].stdout], [], [], 120)  # a hung start fails, not hangs
+            line = seen["proc"].stdout.readline() if ready else "no line within 120 s"
+            assert " on " in line, line
             seen["client"] = PolicyClient(line.split(" on ")[1].split()[0])
             assert seen["client"].act(obs)[1] == algo.policy_version  # the store's weights from the start
         if algo.iteration == 3:  # the learner published 2 more versions since
