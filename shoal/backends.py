@@ -164,6 +164,7 @@ class RayBackend:
 
         self.config = config
         self.actors: list[Any] = []
+        self.store_name: str | None = None  # the weight store's actor name, once made
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
             _check_reachable(config.address)
@@ -184,12 +185,14 @@ class RayBackend:
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
 
     def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
-             **kwargs: Any) -> RayHandle:
+             actor_name: str | None = None, **kwargs: Any) -> RayHandle:
         """Create ``cls(*args, **kwargs)`` as an actor. Helpers take no CPU so they never wait for one.
-        ``concurrency`` > 1 runs that many calls at once in threads (for batching services)."""
+        ``concurrency`` > 1 runs that many calls at once in threads (for batching services).
+        ``actor_name`` registers it in namespace ``shoal`` for other processes to find."""
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=num_cpus, name=None,
+        actor = ray.remote(cls).options(num_cpus=num_cpus, name=actor_name,
+                                        namespace=STORE_NAMESPACE if actor_name else None,
                                         max_concurrency=concurrency).remote(*args, **kwargs)
         self.actors.append(actor)
         return RayHandle(actor)
@@ -256,18 +259,14 @@ class RayBackend:
         ``shoal``), so that ``shoal serve-policy --follow`` in another process can subscribe."""
         import uuid
 
-        import ray
-
         self.store_name = f"weights-{uuid.uuid4().hex[:12]}"
-        actor = ray.remote(WeightStore).options(num_cpus=0, name=self.store_name, namespace=STORE_NAMESPACE).remote()
-        self.actors.append(actor)
-        return RayWeightStore(actor)
+        return RayWeightStore(self.make(WeightStore, name="weight-store", actor_name=self.store_name).actor)
 
     def live_store(self) -> dict[str, Any] | None:
         """The cluster's address and the store actor's name, for subscribers in other processes."""
         import ray
 
-        if getattr(self, "store_name", None) is None:
+        if self.store_name is None:
             return None
         return {"address": ray.get_runtime_context().gcs_address, "namespace": STORE_NAMESPACE,
                 "actor": self.store_name, "auth_mode": os.environ.get("RAY_AUTH_MODE")}

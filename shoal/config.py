@@ -135,7 +135,7 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
         return value
     if hint in (int, float) and isinstance(value, str):
-        value = _number(key, hint, value)
+        value = _number(hint, value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
@@ -144,7 +144,7 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
     return value
 
 
-def _number(key: str, hint: type, text: str) -> Any:
+def _number(hint: type, text: str) -> Any:
     """A number YAML 1.1 left as text: ``5e-4`` and ``1e6`` (it needs ``5.0e-4``). Other text is
     returned as it is, for the type check to reject."""
     try:

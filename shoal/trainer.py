@@ -197,16 +197,23 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     return saved
 
 
+def run_config(run_dir: str | Path) -> tuple[str, Any]:
+    """(algorithm name, config) a run directory was started with."""
+    saved = read_run_config(run_dir)
+    algo = saved.pop("algo")
+    return algo, config_from_dict(algo, saved, str(Path(run_dir) / "config.yaml"))
+
+
 def resume(run_dir: str | Path, config: Any | None = None, console: Console | None = None,
            callback: Callback | None = None) -> dict[str, Any]:
     """Continue a run from its newest complete checkpoint, in the same directory.
 
     ``config`` may change settings that do not alter the run's shape (e.g. total_steps).
     """
-    saved = read_run_config(run_dir)
-    algo = saved.pop("algo")
     if config is None:
-        config = config_from_dict(algo, saved, str(Path(run_dir) / "config.yaml"))
+        algo, config = run_config(run_dir)
+    else:
+        algo = read_run_config(run_dir)["algo"]
     checkpoint = ckpt.resolve(run_dir)
     run = RunDir(run_dir, config.tensorboard)
     run.write_config(algo, config)

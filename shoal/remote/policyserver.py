@@ -206,19 +206,17 @@ def _first_policy(source: Path, follow: bool) -> Policy:
     """The newest checkpoint's policy; for a followed run that has none yet but a running trainer
     (``live.json``), an untrained one of the run's config, at version -1 until the store's weights
     load."""
-    from shoal.algorithm import config_from_dict, load_policy
+    from shoal.algorithm import load_policy
     from shoal.algos import get
     from shoal.envs import env_spaces
-    from shoal.trainer import read_run_config
+    from shoal.trainer import run_config
 
     try:
         return load_policy(source)
     except ShoalError:
         if not (follow and (source / LIVE).is_file()):
             raise
-    saved = read_run_config(source)
-    algo = saved.pop("algo")
-    config = config_from_dict(algo, saved, str(source / "config.yaml"))
+    algo, config = run_config(source)
     return Policy(get(algo).make_policy(config, *env_spaces(config.env)), version=-1)
 
 
