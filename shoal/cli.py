@@ -43,7 +43,7 @@ def _pre_parser() -> argparse.ArgumentParser:
     pre.add_argument("--config")
     pre.add_argument("--set", action="append", nargs="+", default=[])
     pre.add_argument("--resume")
-    pre.add_argument("--env")
+    pre.add_argument("--env", action="append")  # repeated: several remote:// env servers
     return pre
 
 
@@ -56,6 +56,7 @@ def cmd_train(argv: list[str], console: Console) -> int:
     algo_name = None if argv[0].startswith("-") else argv[0]
     known, rest = _pre_parser().parse_known_args(argv[1:] if algo_name else argv)
     sets = cfg.parse_set([item for group in known.set for item in group])
+    env = cfg.env_setting(known.env) if known.env else None
     if known.resume:
         from shoal.algorithm import config_from_dict
 
@@ -63,14 +64,14 @@ def cmd_train(argv: list[str], console: Console) -> int:
         name = saved.pop("algo")
         if algo_name is not None and algos.get(algo_name).name != name:
             raise ShoalError(f"{known.resume} is a {name!r} run, not {algo_name!r}")
-        base = config_from_dict(name, {**saved, **({"env": known.env} if known.env else {}), **sets}, "--resume")
+        base = config_from_dict(name, {**saved, **({"env": env} if env else {}), **sets}, "--resume")
     else:
         if algo_name is None:
             raise ShoalError("name an algorithm: shoal train ALGO --env ENV_ID (or --resume RUN_DIR); "
                              f"algorithms: {', '.join(sorted(algos.ALGOS))}")
         spec = algos.get(algo_name)
         name = spec.name
-        base = cfg.build(spec.config_cls, name, env=known.env, file=known.config, sets=sets)
+        base = cfg.build(spec.config_cls, name, env=env, file=known.config, sets=sets)
     cls = type(base)
     config = tyro.cli(cls, default=base, args=rest, prog=f"shoal train {name}",
                       description=TRAIN_HELP.format(algo=name.upper()))
@@ -213,11 +214,30 @@ class ServeEnvArgs:
     """Largest request or reply, in MiB."""
 
 
+def _gather(argv: list[str], flag: str) -> list[str]:
+    """``--flag a --flag b`` as ``--flag a b``: a list flag given once per value takes them all
+    (tyro alone keeps the last). Values run to the next option."""
+    values: list[str] = []
+    rest: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg == flag or arg.startswith(flag + "="):
+            taking = arg == flag
+            values += [] if taking else [arg.partition("=")[2]]
+        elif taking and not arg.startswith("-"):
+            values.append(arg)
+        else:
+            taking = False
+            rest.append(arg)
+    n = sum(a == flag or a.startswith(flag + "=") for a in argv)
+    return argv if n < 2 else [*rest, flag, *values]
+
+
 def cmd_serve_env(argv: list[str], console: Console) -> int:
     from shoal.remote.envserver import EnvServer
     from shoal.remote.server import read_token
 
-    args = tyro.cli(ServeEnvArgs, args=argv, prog="shoal serve-env")
+    args = tyro.cli(ServeEnvArgs, args=_gather(argv, "--allow"), prog="shoal serve-env")
     if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
         raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
@@ -263,7 +283,7 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
     from shoal.remote.policyserver import PolicyServer
     from shoal.remote.server import read_token
 
-    args = tyro.cli(ServePolicyArgs, args=argv, prog="shoal serve-policy")
+    args = tyro.cli(ServePolicyArgs, args=_gather(argv, "--policy-id"), prog="shoal serve-policy")
     if not args.paths:
         raise ShoalError("name at least one run directory or checkpoint: shoal serve-policy RUN_DIR")
     if args.policy_id and len(args.policy_id) != len(args.paths):

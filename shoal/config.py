@@ -26,7 +26,8 @@ class Config:
     """Settings every algorithm shares: what it trains on, where, for how long, and what it writes."""
 
     env: str = "CartPole-v1"
-    """Gymnasium environment id (`shoal envs` lists them)."""
+    """Gymnasium environment id (`shoal envs` lists them), or env servers:
+    remote://HOST:PORT[,HOST:PORT...][/ENV_ID] (--env repeated, or a list in a config file, joins them)."""
     backend: Literal["local", "ray"] = "local"
     """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
     address: str | None = None
@@ -134,6 +135,8 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
         return value
+    if key == "env" and isinstance(value, (list, tuple)):
+        value = env_setting(value)
     if hint in (int, float) and isinstance(value, str):
         value = _number(hint, value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -218,13 +221,34 @@ def preset_env(env: str) -> str:
     return env
 
 
-def build(cls: type, algo: str, env: str | None = None, file: str | None = None,
+def env_setting(value: str | list[str] | tuple[str, ...]) -> str:
+    """One env setting from one id or several ``remote://`` URLs (``--env`` repeated, or a list
+    in a config file): the URLs' servers together, ``remote://H1:P1,H2:P2[/ENV_ID]``."""
+    if isinstance(value, str):
+        return value
+    urls = list(value)
+    if len(urls) == 1 and isinstance(urls[0], str):
+        return urls[0]
+    if not urls or not all(isinstance(u, str) and u.startswith("remote://") for u in urls):
+        raise ConfigError(f"env takes one env id, or several remote://HOST:PORT[/ENV_ID] servers; got {urls!r}")
+    hosts, env_ids = [], set()
+    for url in urls:
+        host, _, env_id = url[len("remote://"):].partition("/")
+        hosts.append(host)
+        env_ids |= {env_id} if env_id else set()
+    if len(env_ids) > 1:
+        raise ConfigError(f"the env servers name different env ids ({', '.join(sorted(env_ids))}): "
+                          "one run trains on one env")
+    return "remote://" + ",".join(hosts) + ("/" + env_ids.pop() if env_ids else "")
+
+
+def build(cls: type, algo: str, env: str | list[str] | None = None, file: str | None = None,
           sets: dict[str, Any] | None = None) -> Any:
     """Layer defaults, preset, file and overrides into a validated config of type ``cls``."""
     values: dict[str, Any] = {}
     from_file = read_yaml(file) if file else {}
     from_file.pop("algo", None)
-    env = env or (sets or {}).get("env") or from_file.get("env") or cls.env
+    env = env_setting(env or (sets or {}).get("env") or from_file.get("env") or cls.env)
     key = preset_env(env)
     values = merge(cls, values, preset(algo, key), f"preset {algo}/{key}")
     values = merge(cls, values, from_file, f"config file {file}")

@@ -189,20 +189,16 @@ class ActorCritic(PolicyModule):
         """State value [N] for normalised observations ``x``."""
         return self.critic(x).squeeze(-1)
 
-    def mode(self, d: Distribution) -> Tensor:
-        """The most likely action of ``d``."""
-        return d.probs.argmax(-1) if self.discrete else d.mean
-
-    def sample(self, d: Distribution, generator: torch.Generator | None) -> Tensor:
-        """Draw an action from ``d`` with an explicit generator (so runners are reproducible)."""
-        if self.discrete:
-            return torch.multinomial(d.probs, 1, generator=generator).squeeze(-1)
-        noise = torch.randn(d.mean.shape, generator=generator)
-        return d.mean + d.stddev * noise
-
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        d = self.dist(x)
-        return self.mode(d) if deterministic else self.sample(d, generator)
+        """The most likely action, or a sample (with an explicit generator, so runs are
+        reproducible). No Distribution object is built: in a policy server answering one
+        observation per request, Categorical's construction was a quarter of the time."""
+        out = self.actor(x)
+        if deterministic:
+            return out.argmax(-1) if self.discrete else out
+        if self.discrete:
+            return torch.multinomial(torch.softmax(out, dim=-1), 1, generator=generator).squeeze(-1)
+        return out + self.log_std.exp() * torch.randn(out.shape, generator=generator)
 
 
 def get_weights(module: nn.Module) -> Weights:

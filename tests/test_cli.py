@@ -154,7 +154,25 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     (["serve-policy", "/nonexistent"], "/nonexistent does not exist"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable"),
     (["train", "ppo", "--env", "remote://nohost"], "bad env server address 'nohost'"),
+    (["train", "ppo", "--env", "CartPole-v1", "--env", "remote://127.0.0.1:1"], "env takes one env id, or several"),
+    (["train", "ppo", "--env", "remote://127.0.0.1:1/Acrobot-v1", "--env", "remote://127.0.0.1:2/CartPole-v1"],
+     "the env servers name different env ids"),
+    # a list flag given once per value takes them all: the paths are checked, not the count of ids
+    (["serve-policy", "/nonexistent", "/elsewhere", "--policy-id", "a", "--policy-id", "b"],
+     "/nonexistent does not exist"),
+    (["serve-policy", "/nonexistent", "/elsewhere", "--policy-id", "a"], "give one --policy-id per path (2), got 1"),
 ])
 def test_server_mistakes_get_one_clear_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize("argv, gathered", [
+    (["r1", "r2", "--policy-id", "a", "--port", "0", "--policy-id", "b"], ["r1", "r2", "--port", "0", "--policy-id", "a", "b"]),
+    (["r1", "--policy-id=a", "--policy-id=b"], ["r1", "--policy-id", "a", "b"]),
+    (["r1", "r2", "--policy-id", "a", "b"], ["r1", "r2", "--policy-id", "a", "b"]),  # once: left to the parser
+])
+def test_a_list_flag_given_once_per_value_takes_them_all(argv, gathered):
+    from shoal.cli import _gather
+
+    assert _gather(argv, "--policy-id") == gathered

@@ -30,7 +30,13 @@ def test_fast_log_prob_paths_match_torch_distributions():
                 m.log_std.fill_(-0.3)
         x = torch.randn(7, 3)
         d = m.dist(x)
-        a = m.sample(d, torch.Generator().manual_seed(0))
+        a = m.act(x, deterministic=False, generator=torch.Generator().manual_seed(0))
+        mode = d.probs.argmax(-1) if m.discrete else d.mean
+        torch.testing.assert_close(m.act(x, deterministic=True), mode)
+        again = torch.Generator().manual_seed(0)  # the same draw as torch's own sampling from d
+        drawn = (torch.multinomial(d.probs, 1, generator=again).squeeze(-1) if m.discrete
+                 else d.mean + d.stddev * torch.randn(d.mean.shape, generator=again))
+        torch.testing.assert_close(a, drawn)
         logp, ent = m.evaluate_actions(x, a)
         explored, explored_logp = m.explore(x, torch.Generator().manual_seed(1))
         torch.testing.assert_close(explored_logp, m.evaluate_actions(x, explored)[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
+import yaml
 
 import shoal
 from shoal.errors import ShoalError
@@ -82,6 +83,26 @@ def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
     summary = shoal.train(config, run_dir=tmp_path / "run")
     assert summary["best_eval_return"] >= 475, summary
     assert a.steps_served >= summary["env_steps"] // 2 and b.steps_served >= summary["env_steps"] // 2
+
+
+def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file(servers, tmp_path, capsys):
+    from shoal.cli import main
+
+    a, b = servers(num_envs=2), servers(num_envs=2)
+    fast = ["--total-steps", "64", "--rollout-steps", "16", "--minibatch-size", "32", "--num-epochs", "1",
+            "--eval-episodes", "2", "--no-progress", "--no-tensorboard"]
+    assert main(["train", "ppo", "--env", f"remote://{a.address}/CartPole-v1", "--env", f"remote://{b.address}",
+                 "--run-dir", str(tmp_path / "flags"), *fast]) == 0, capsys.readouterr().err
+    saved = yaml.safe_load((tmp_path / "flags" / "config.yaml").read_text())
+    assert saved["env"] == f"remote://{a.address},{b.address}/CartPole-v1"
+    assert saved["rollout_steps"] == 16 and saved["gamma"] == 0.98  # the flag over the CartPole-v1 preset
+    served = a.steps_served, b.steps_served
+    assert min(served) > 0
+    (tmp_path / "my.yaml").write_text(yaml.safe_dump({"env": [f"remote://{a.address}", f"remote://{b.address}"]}))
+    assert main(["train", "ppo", "--config", str(tmp_path / "my.yaml"), "--run-dir", str(tmp_path / "file"),
+                 *fast]) == 0, capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "file" / "config.yaml").read_text())["env"] == f"remote://{a.address},{b.address}"
+    assert a.steps_served > served[0] and b.steps_served > served[1]
 
 
 def test_a_restarted_server_is_reconnected(servers):
