@@ -122,7 +122,10 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
     hint = typing.get_type_hints(cls)[key]
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    optional = origin in (typing.Union, types.UnionType) and type(None) in args
     if value is None:
+        if not optional:
+            raise ConfigError(f"{key} needs a value (give {key}=VALUE)")
         return None
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
@@ -130,7 +133,10 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is tuple:
         items = value if isinstance(value, (list, tuple)) else [value]
-        return tuple(args[0](v) for v in items)
+        try:
+            return tuple(_coerce_item(args[0], v) for v in items)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} expects a list of {args[0].__name__}, got {value!r}") from None
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
@@ -145,6 +151,17 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         article = "an" if hint.__name__[0] in "aeiou" else "a"
         raise ConfigError(f"{key} expects {article} {hint.__name__}, got {value!r}")
     return value
+
+
+def _coerce_item(kind: type, value: Any) -> Any:
+    """One element of a list setting: whole numbers for ints (not 2.5 or true), as the field's type."""
+    if isinstance(value, str) and kind in (int, float):
+        value = _number(kind, value)
+    if kind is int:
+        value = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(value)
+    return kind(value)
 
 
 def _number(hint: type, text: str) -> Any:
@@ -191,7 +208,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {getattr(e, 'problem', None) or e}{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

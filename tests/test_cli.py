@@ -76,6 +76,9 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--minibatch-size", "100000"], "minibatch_size must be between 1 and the batch size"),
     (["train", "ppo", "--address", "auto"], "--address joins a Ray cluster: add --backend ray"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
+    (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
+    (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
+    (["train", "ppo", "--set", "lr="], "lr needs a value (give lr=VALUE)"),
     (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
     (["eval", "/nonexistent"], "/nonexistent does not exist"),
     (["frobnicate"], "unknown command 'frobnicate'"),
@@ -85,6 +88,14 @@ def test_user_mistakes_get_one_clear_line(capsys, argv, message):
     assert code == 2
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_a_config_file_that_is_not_yaml_gets_one_line(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [\n")
+    code, _, err = run_cli(capsys, "train", "ppo", "--config", str(bad))
+    assert code == 2 and f"config file {bad} is not valid YAML: expected the node content" in err
+    assert "(line 2, column 1)" in err and len(err.strip().splitlines()) == 1
 
 
 def test_unwritable_run_dir(capsys, tmp_path):
