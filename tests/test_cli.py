@@ -163,6 +163,7 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     (["serve-env", "CartPole-v1", "--token-file", "/nonexistent"], "cannot read token file /nonexistent"),
     (["serve-env", "CartPole-v1", "--tls-cert", "x.pem"], "TLS needs both --tls-cert and --tls-key"),
     (["serve-policy", "/nonexistent"], "/nonexistent does not exist"),
+    (["serve-env", "CartPole-v1", "--port", "99999"], "port 99999 is not a TCP port"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable"),
     (["train", "ppo", "--env", "remote://nohost"], "bad env server address 'nohost'"),
     (["train", "ppo", "--env", "CartPole-v1", "--env", "remote://127.0.0.1:1"], "env takes one env id, or several"),
@@ -176,6 +177,22 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
 def test_server_mistakes_get_one_clear_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and message in err, err
+
+
+def test_a_port_in_use_gets_one_line(capsys, tmp_path):
+    import socket
+
+    import shoal
+
+    with shoal.make(PPOConfig(env="CartPole-v1", progress=False, tensorboard=False)) as algo:
+        algo.save(tmp_path / "ckpt")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv in (["serve-env", "CartPole-v1"], ["serve-policy", str(tmp_path / "ckpt")]):
+            code, _, err = run_cli(capsys, *argv, "--port", port)
+            assert code == 2 and err.strip() == f"shoal: error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
 @pytest.mark.parametrize("argv, gathered", [

@@ -12,6 +12,7 @@ import hmac
 import inspect
 import ipaddress
 import logging
+import socket
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -71,7 +72,16 @@ def _bind(server: Any, host: str, port: int, token: str | None, tls_cert: str | 
     if not is_loopback(host) and token is None:
         raise ShoalError(f"binding {host} exposes the server beyond this machine: give it a token "
                          "(--token-file), or bind 127.0.0.1")
+    if not 0 <= port <= 65535:
+        raise ShoalError(f"port {port} is not a TCP port (0-65535; 0 picks a free one)")
     address = f"{host}:{port}"
+    if port:  # ask the OS first: grpcio would log its own multi-line error before failing
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpcio binds
+            try:
+                probe.bind((host.strip("[]"), port))
+            except OSError as e:
+                raise ShoalError(f"cannot listen on {address}: {e.strerror or e}") from None
     if tls_cert or tls_key:
         if not (tls_cert and tls_key):
             raise ShoalError("TLS needs both --tls-cert and --tls-key")
@@ -79,9 +89,10 @@ def _bind(server: Any, host: str, port: int, token: str | None, tls_cert: str | 
             creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
         except OSError as e:
             raise ShoalError(f"cannot read TLS files: {e}") from None
-        bound = server.add_secure_port(address, creds)
-    else:
-        bound = server.add_insecure_port(address)
+    try:  # grpcio returns 0 or raises, by version, when it cannot bind
+        bound = server.add_secure_port(address, creds) if tls_cert else server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
     if bound == 0:
         raise ShoalError(f"cannot listen on {address} (in use, or not an address of this machine)")
     return bound
