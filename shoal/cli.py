@@ -108,20 +108,32 @@ class EvalArgs:
     """Take the most likely action instead of sampling."""
     seed: int = 0
     """Seed of the evaluation episodes."""
+    env: str | None = None
+    """Evaluate on this env id instead of the run's (say, a local copy of the env a run trained on
+    through env servers); its spaces must be the policy's."""
 
 
 def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
-    from shoal.envs import make_vector_env
+    from shoal.envs import is_remote, make_vector_env
     from shoal.evaluator import record_episodes, run_episodes
 
     args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
     if args.episodes < 1:
         raise ShoalError("--episodes must be at least 1")
     path = ckpt.resolve(args.path)
-    env_id = ckpt.read_meta(path)["env"]
+    env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
+    if args.env:
+        from shoal.envs import env_spaces
+
+        spaces = env_spaces(args.env)
+        if spaces != (policy.observation_space, policy.action_space):
+            raise ShoalError(f"{args.env} has observations {spaces[0]} and actions {spaces[1]}; the policy takes "
+                             f"{policy.observation_space} and gives {policy.action_space}")
+    if args.video and is_remote(env_id):
+        raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
     mode = "deterministic" if args.deterministic else "stochastic"
     if args.video:
         paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video)

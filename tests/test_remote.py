@@ -85,7 +85,7 @@ def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
     assert a.steps_served >= summary["env_steps"] // 2 and b.steps_served >= summary["env_steps"] // 2
 
 
-def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file(servers, tmp_path, capsys):
+def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eval_on_a_local_copy(servers, tmp_path, capsys):
     from shoal.cli import main
 
     a, b = servers(num_envs=2), servers(num_envs=2)
@@ -103,6 +103,14 @@ def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file(servers
                  *fast]) == 0, capsys.readouterr().err
     assert yaml.safe_load((tmp_path / "file" / "config.yaml").read_text())["env"] == f"remote://{a.address},{b.address}"
     assert a.steps_served > served[0] and b.steps_served > served[1]
+    # a run on env servers is evaluated on a local copy of the env, whose spaces must match
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "flags"), "--env", "CartPole-v1", "--episodes", "2"]) == 0
+    assert capsys.readouterr().out.startswith("CartPole-v1: return")
+    assert main(["eval", str(tmp_path / "flags"), "--env", "Pendulum-v1"]) == 2
+    assert "Pendulum-v1 has observations" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "flags"), "--video", str(tmp_path / "v")]) == 2
+    assert "add --env ENV_ID" in capsys.readouterr().err
 
 
 def test_a_restarted_server_is_reconnected(servers):
