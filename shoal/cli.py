@@ -231,18 +231,19 @@ def _gather(argv: list[str], flag: str) -> list[str]:
     (tyro alone keeps the last). Values run to the next option."""
     values: list[str] = []
     rest: list[str] = []
-    taking = False
+    given, taking = 0, False
     for arg in argv:
-        if arg == flag or arg.startswith(flag + "="):
-            taking = arg == flag
-            values += [] if taking else [arg.partition("=")[2]]
+        if arg == flag:
+            given, taking = given + 1, True
+        elif arg.startswith(flag + "="):
+            given, taking = given + 1, False
+            values.append(arg.partition("=")[2])
         elif taking and not arg.startswith("-"):
             values.append(arg)
         else:
             taking = False
             rest.append(arg)
-    n = sum(a == flag or a.startswith(flag + "=") for a in argv)
-    return argv if n < 2 else [*rest, flag, *values]
+    return argv if given < 2 else [*rest, flag, *values]
 
 
 def cmd_serve_env(argv: list[str], console: Console) -> int:
