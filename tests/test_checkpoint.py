@@ -100,14 +100,17 @@ def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
             algo.restore(path)
 
 
-def _default_sigint() -> None:
-    # pytest-xdist workers ignore SIGINT and children inherit that; a user's shell does not.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# pytest-xdist workers ignore SIGINT and children inherit that (a user's shell does not), so the
+# child restores Python's handler first. Not with preexec_fn: Python code in the forked child of a
+# worker that has run gRPC servers can abort in grpc's fork handlers before exec (seen: a child
+# killed by SIGABRT with "epoll_wait error: Bad file descriptor", and no run).
+_SHOAL = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+          "runpy.run_module('shoal.cli', run_name='__main__', alter_sys=True)")
 
 
 def _shoal(*args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "shoal.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kw)
+    return subprocess.Popen([sys.executable, "-c", _SHOAL, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
 
 
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):
