@@ -80,6 +80,8 @@ class Config:
     """Write TensorBoard event files beside the CSV metrics."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
+            object.__setattr__(self, "env", env_setting(self.env))
         _check(self.num_env_runners >= 1, "num_env_runners must be at least 1")
         _check(self.num_envs_per_runner >= 1, "num_envs_per_runner must be at least 1")
         _check(self.total_steps >= 1, "total_steps must be positive")

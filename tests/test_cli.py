@@ -90,6 +90,13 @@ def test_user_mistakes_get_one_clear_line(capsys, argv, message):
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
 
 
+def test_several_env_servers_as_a_list_in_the_python_api():
+    config = PPOConfig(env=["remote://a:1/CartPole-v1", "remote://b:2"])
+    assert config.env == "remote://a:1,b:2/CartPole-v1"
+    with pytest.raises(ConfigError, match="env takes one env id, or several"):
+        PPOConfig(env=["CartPole-v1", "Acrobot-v1"])
+
+
 def test_a_config_file_that_is_not_yaml_gets_one_line(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("lr: [\n")
