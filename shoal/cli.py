@@ -108,6 +108,8 @@ class EvalArgs:
     """Take the most likely action instead of sampling."""
     seed: int = 0
     """Seed of the evaluation episodes."""
+    max_steps: int = 10_000
+    """Cut an episode that has not ended after this many steps (envs with no time limit)."""
     env: str | None = None
     """Evaluate on this env id instead of the run's (say, a local copy of the env a run trained on
     through env servers); its spaces must be the policy's."""
@@ -120,8 +122,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.evaluator import record_episodes, run_episodes
 
     args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
-    if args.episodes < 1:
-        raise ShoalError("--episodes must be at least 1")
+    if args.episodes < 1 or args.max_steps < 1:
+        raise ShoalError("--episodes and --max-steps must be at least 1")
     path = ckpt.resolve(args.path)
     env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
@@ -136,9 +138,11 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
     mode = "deterministic" if args.deterministic else "stochastic"
     if args.video:
-        paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video)
+        paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video,
+                                args.max_steps)
         console.print(f"wrote {len(paths)} videos to {args.video}")
-    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), args.deterministic, args.seed)
+    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), args.deterministic, args.seed,
+                          args.max_steps)
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")

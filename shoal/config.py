@@ -54,6 +54,9 @@ class Config:
     """Episodes per evaluation."""
     eval_deterministic: bool = True
     """Evaluate with the most likely action instead of a sampled one."""
+    eval_max_steps: int = 10_000
+    """An evaluation episode that has not ended after this many steps is cut there (an env with no
+    time limit, such as CliffWalking-v1, would never end a poor policy's episode)."""
     checkpoint_interval: int = 25_000
     """Write a checkpoint every this many environment steps (and always at the end)."""
     keep_checkpoints: int = 3
@@ -87,6 +90,7 @@ class Config:
         _check(self.total_steps >= 1, "total_steps must be positive")
         _check(self.eval_interval >= 0, "eval_interval must be 0 (end only) or positive")
         _check(self.eval_episodes >= 1, "eval_episodes must be at least 1")
+        _check(self.eval_max_steps >= 1, "eval_max_steps must be at least 1")
         _check(self.checkpoint_interval >= 1, "checkpoint_interval must be positive")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")

@@ -38,9 +38,24 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
     try:
-        return gym.make(env_id, render_mode=render_mode)
+        return _made(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as e:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
+
+
+FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
+
+
+def _made(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gym.make``, with observations that are not a Box (FrozenLake's and Taxi's Discrete, Blackjack's
+    Tuple, Dicts of those) flattened into a float32 Box: one-hot for each discrete part, as
+    stable-baselines3 encodes Discrete observations. The policies' MLPs take a Box."""
+    env = gym.make(env_id, **kwargs)
+    if isinstance(env.observation_space, FLATTENED):
+        from gymnasium.wrappers import DtypeObservation, FlattenObservation
+
+        env = DtypeObservation(FlattenObservation(env), np.float32)
+    return env
 
 
 def is_remote(env_id: str) -> bool:
@@ -119,7 +134,7 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
 
         return RemoteVectorEnv(env_id)
     make_env(env_id).close()  # fail early, with a clear message, before building N copies
-    return ResilientVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
+    return ResilientVectorEnv([lambda: _made(env_id) for _ in range(num_envs)])
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:

@@ -14,14 +14,18 @@ from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 
 @torch.no_grad()
-def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int) -> dict[str, float]:
-    """Play one episode in each of ``env``'s copies, in parallel, and return their statistics."""
+def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int,
+                 max_steps: int = 10_000) -> dict[str, float]:
+    """Play one episode in each of ``env``'s copies, in parallel, and return their statistics;
+    an episode still going after ``max_steps`` steps is cut there."""
     episodes = env.num_envs
     generator = torch.Generator().manual_seed(seed)
     obs, _ = env.reset(seed=seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     running = np.ones(episodes, bool)
-    while running.any():
+    for _ in range(max_steps):
+        if not running.any():
+            break
         a = module.act(module.normalize(torch.as_tensor(obs)), deterministic, generator)
         obs, r, term, trunc, _ = env.step(module.to_env(a))
         returns += r * running
@@ -33,8 +37,9 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
 
 @torch.no_grad()
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool,
-                    seed: int, video_dir: str | Path) -> list[Path]:
-    """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4."""
+                    seed: int, video_dir: str | Path, max_steps: int = 10_000) -> list[Path]:
+    """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
+    (each cut after ``max_steps`` steps if it has not ended)."""
     import imageio.v2 as imageio
 
     out = Path(video_dir)
@@ -46,7 +51,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         frames, done = [env.render()], False
-        while not done:
+        while not done and len(frames) <= max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
             obs, _, term, trunc, _ = env.step(module.to_env(a)[0])
             frames.append(env.render())
@@ -82,6 +87,7 @@ class Evaluator:
             set_weights(self.policy, weights)
         if episodes not in self.envs:
             self.envs[episodes] = make_vector_env(self.config.env, episodes)
-        result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed)
+        result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
+                                              self.config.eval_max_steps)
         result["eval/policy_version"] = self.version
         return result

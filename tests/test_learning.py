@@ -52,6 +52,15 @@ def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, seed, tmp_p
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_dqn_learns_frozenlake_from_one_hot_observations(seed, tmp_path):
+    # Discrete observations reach the MLP one-hot; the best policy of slippery FrozenLake wins ~74-82%
+    config = offpolicy("dqn", "FrozenLake-v1", seed=seed, stop_return=0.7)
+    assert config.total_steps <= 50_000 and config.eval_episodes == 100
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 0.7, summary
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("algo, threshold, budget", [("sac", -200, 20_000), ("td3", -200, 30_000),
                                                      ("ddpg", -250, 30_000)])
 def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budget, seed, tmp_path):

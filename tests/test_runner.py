@@ -31,3 +31,31 @@ def test_runner_pulls_newer_weights_and_tags_rollouts(tiny):
     r = runner.sample(4)
     assert (r.policy_version, r.runner_id, r.policy_id) == (7, 3, "default")
     assert store.publish("default", 5, {}) == 7  # an older version never replaces a newer one
+
+
+def test_observations_that_are_not_a_box_are_flattened_one_hot():
+    import gymnasium as gym
+
+    from shoal.envs import env_spaces, make_vector_env
+
+    env = make_vector_env("FrozenLake-v1", 2)
+    assert env.single_observation_space == gym.spaces.Box(0, 1, (16,), np.float32)
+    obs, _ = env.reset(seed=0)
+    np.testing.assert_array_equal(obs, np.eye(16, dtype=np.float32)[[0, 0]])  # both start on square 0
+    obs, *_ = env.step(np.array([1, 1]))  # slippery: each lands on some square, one-hot
+    assert obs.dtype == np.float32 and (obs.sum(1) == 1).all()
+    # a Tuple of Discretes (Blackjack: hand sum, dealer's card, usable ace) becomes its one-hots side by side
+    assert env_spaces("Blackjack-v1")[0] == gym.spaces.Box(0, 1, (32 + 11 + 2,), np.float32)
+
+
+def test_an_evaluation_episode_that_never_ends_is_cut(tiny):
+    from shoal.envs import make_vector_env
+    from shoal.evaluator import run_episodes
+
+    # CliffWalking has no time limit; a policy that always walks into the top wall never ends an episode
+    env = make_vector_env("CliffWalking-v1", 2)
+    config = tiny(env="CliffWalking-v1")
+    module = make_actor_critic(config, env.single_observation_space, env.single_action_space)
+    module.to_env = lambda a: np.zeros(len(a), np.int64)  # 0 = up
+    result = run_episodes(module, env, deterministic=True, seed=0, max_steps=300)
+    assert result["eval/length_mean"] == 300 and result["eval/return_mean"] == -300
