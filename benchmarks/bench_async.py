@@ -25,12 +25,10 @@ TARGET = 475.0
 
 
 def config_for(algo: str, runners: int, seed: int, **sets):
-    from shoal.algos import get
-    from shoal.config import build
+    import shoal
 
-    return build(get(algo).config_cls, algo, env="CartPole-v1", sets={
-        "backend": "ray", "num_env_runners": runners, "seed": seed, "progress": False, "tensorboard": False,
-        **sets})
+    return shoal.make_config(algo, "CartPole-v1", backend="ray", num_env_runners=runners, seed=seed,
+                             progress=False, tensorboard=False, **sets)
 
 
 def throughput(algo: str, runners: int, steps: int, **sets) -> dict[str, float]:

@@ -57,12 +57,11 @@ def sb3_updates_per_s(threads: int, n: int = 300) -> float:
 
 
 def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int) -> tuple[float, int]:
-    from shoal.algos import get
-    from shoal.config import build
+    import shoal
 
-    return shoal_time_to(build(get(algo).config_cls, algo, env=env, sets={
-        "seed": seed, "stop_return": target, "eval_interval": eval_every, "eval_episodes": 10,
-        "progress": False, "tensorboard": False, "torch_threads": threads}), target)
+    return shoal_time_to(shoal.make_config(
+        algo, env, seed=seed, stop_return=target, eval_interval=eval_every, eval_episodes=10,
+        progress=False, tensorboard=False, torch_threads=threads), target)
 
 
 def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,

@@ -268,7 +268,7 @@ def env_setting(value: str | list[str] | tuple[str, ...]) -> str:
 
 
 def build(cls: type, algo: str, env: str | list[str] | None = None, file: str | None = None,
-          sets: dict[str, Any] | None = None) -> Any:
+          sets: dict[str, Any] | None = None, sets_source: str = "--set") -> Any:
     """Layer defaults, preset, file and overrides into a validated config of type ``cls``."""
     values: dict[str, Any] = {}
     from_file = read_yaml(file) if file else {}
@@ -277,7 +277,7 @@ def build(cls: type, algo: str, env: str | list[str] | None = None, file: str | 
     key = preset_env(env)
     values = merge(cls, values, preset(algo, key), f"preset {algo}/{key}")
     values = merge(cls, values, from_file, f"config file {file}")
-    values = merge(cls, values, sets or {}, "--set")
+    values = merge(cls, values, sets or {}, sets_source)
     values["env"] = env
     return cls(**values)
 

@@ -90,6 +90,16 @@ def test_user_mistakes_get_one_clear_line(capsys, argv, message):
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
 
 
+def test_make_config_layers_the_preset_as_the_command_does():
+    import shoal
+
+    config = shoal.make_config("dqn", "CartPole-v1", lr=1e-3)
+    assert (config.hidden_sizes, config.target_update_interval, config.lr) == ((256, 256), 128, 1e-3)  # preset, then ours
+    assert shoal.DQNConfig(env="CartPole-v1").target_update_interval == 1000  # the class alone: its defaults
+    with pytest.raises(ConfigError, match="make_config: unknown setting 'lrr' \\(did you mean lr\\?\\)"):
+        shoal.make_config("dqn", "CartPole-v1", lrr=1e-3)
+
+
 def test_several_env_servers_as_a_list_in_the_python_api():
     config = PPOConfig(env=["remote://a:1/CartPole-v1", "remote://b:2"])
     assert config.env == "remote://a:1,b:2/CartPole-v1"

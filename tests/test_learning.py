@@ -33,10 +33,7 @@ def test_ppo_reaches_minus_250_on_pendulum_within_300k_steps(tmp_path):
 
 
 def offpolicy(algo, env, **sets):
-    from shoal.algos import get
-
-    return build(get(algo).config_cls, algo, env=env,
-                 sets={"progress": False, "tensorboard": False, "torch_threads": 1, **sets})
+    return shoal.make_config(algo, env, **{"progress": False, "tensorboard": False, "torch_threads": 1, **sets})
 
 
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
@@ -71,10 +68,7 @@ def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budg
 
 
 def onpolicy(algo, env, seed, **sets):
-    from shoal.algos import get
-
-    return build(get(algo).config_cls, algo, env=env,
-                 sets={"seed": seed, "progress": False, "tensorboard": False, **sets})
+    return shoal.make_config(algo, env, seed=seed, progress=False, tensorboard=False, **sets)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

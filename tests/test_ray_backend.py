@@ -72,11 +72,8 @@ def test_apex_dqn_solves_cartpole_with_two_runners(ray_cluster, tmp_path):
 @pytest.mark.parametrize("algo", ["impala", "appo"])
 def test_async_algorithms_solve_cartpole_with_two_runners(ray_cluster, tmp_path, algo):
     """IMPALA/APPO: runners sample without waiting for the learner; V-trace corrects the lag."""
-    from shoal.algos import get
-
-    config = build(get(algo).config_cls, algo, env="CartPole-v1",
-                   sets={"backend": "ray", "num_env_runners": 2, "seed": 0, "stop_return": 475,
-                         "progress": False, "tensorboard": False})
+    config = shoal.make_config(algo, "CartPole-v1", backend="ray", num_env_runners=2, seed=0, stop_return=475,
+                               progress=False, tensorboard=False)
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
     import csv

@@ -40,6 +40,16 @@ def get(name: str) -> AlgoSpec:
     return spec
 
 
+def make_config(algo: str, env: str | list[str] = "CartPole-v1", **settings: Any) -> Any:
+    """The config ``shoal train ALGO --env ENV --set key=value ...`` runs: the algorithm's defaults,
+    its shipped preset for ``env`` (tuned, as rl-baselines3-zoo's), then ``settings``.
+    A config class called directly (``shoal.SACConfig(env=...)``) has the defaults only."""
+    from shoal.config import build
+
+    spec = get(algo)
+    return build(spec.config_cls, spec.name, env=env, sets=settings, sets_source="make_config")
+
+
 def spec_for(config: Any) -> AlgoSpec:
     """The spec of the algorithm a config belongs to."""
     return get(config.algo)
