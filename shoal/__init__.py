@@ -9,6 +9,7 @@
         algo.save("my_checkpoint")
     policy = shoal.load_policy("my_checkpoint")
     action = policy.act(obs)
+    config = shoal.make_config("sac", "Pendulum-v1", seed=1)  # the tuned preset, as `shoal train` uses
 
 Names are imported on first use, so a process that needs only a light piece (a Ray actor
 holding the WeightStore, ``shoal --help``) does not pay for importing torch.
