@@ -147,8 +147,6 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         if value not in args:
             raise ConfigError(f"{key} must be one of {', '.join(map(str, args))}, not {value!r}")
         return value
-    if key == "env" and isinstance(value, (list, tuple)):
-        value = env_setting(value)
     if hint in (int, float) and isinstance(value, str):
         value = _number(hint, value)
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -273,11 +271,13 @@ def build(cls: type, algo: str, env: str | list[str] | None = None, file: str | 
     values: dict[str, Any] = {}
     from_file = read_yaml(file) if file else {}
     from_file.pop("algo", None)
-    env = env_setting(env or (sets or {}).get("env") or from_file.get("env") or cls.env)
+    sets = dict(sets or {})
+    given = env, sets.pop("env", None), from_file.pop("env", None)  # settled here, not merged below
+    env = env_setting(next((e for e in given if e), cls.env))
     key = preset_env(env)
     values = merge(cls, values, preset(algo, key), f"preset {algo}/{key}")
     values = merge(cls, values, from_file, f"config file {file}")
-    values = merge(cls, values, sets or {}, sets_source)
+    values = merge(cls, values, sets, sets_source)
     values["env"] = env
     return cls(**values)
 
