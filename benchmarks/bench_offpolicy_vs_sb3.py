@@ -4,7 +4,9 @@ Every figure is taken in a fresh process of its own (`common.isolated`).
 
 1. SAC gradient updates per second, same networks (256x256), batch 256, same torch threads.
 2. SAC time to a mean eval return of -200 on Pendulum-v1 (rl-zoo settings: lr 1e-3).
-3. DQN time to a mean eval return of 475 on CartPole-v1 (rl-zoo settings, shoal's preset).
+3. DQN time to a mean eval return of 475 on CartPole-v1 (rl-zoo settings, shoal's preset), with
+   the same algorithm on both sides: SB3's DQN has no double Q-learning, so shoal runs with
+   double=False for the ratio. shoal's default (double DQN) is timed too and printed beside it.
 
 Evaluation is the same for both: every --eval-every steps, 10 deterministic episodes on a
 10-env vector env; time runs from building the algorithm to the end of the evaluation that
@@ -56,12 +58,13 @@ def sb3_updates_per_s(threads: int, n: int = 300) -> float:
     return n / (time.perf_counter() - start)
 
 
-def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int) -> tuple[float, int]:
+def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int,
+               settings: dict | None = None) -> tuple[float, int]:
     import shoal
 
     return shoal_time_to(shoal.make_config(
         algo, env, seed=seed, stop_return=target, eval_interval=eval_every, eval_episodes=10,
-        progress=False, tensorboard=False, torch_threads=threads), target)
+        progress=False, tensorboard=False, torch_threads=threads, **(settings or {})), target)
 
 
 def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
@@ -106,17 +109,25 @@ def main() -> None:
         return
     for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
-        rows = []
+        same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
+        rows, double = [], []
         for seed in args.seeds:
-            s_t, s_n = isolated(shoal_time, algo, env, target, seed, every, args.threads)
+            s_t, s_n = isolated(shoal_time, algo, env, target, seed, every, args.threads, same)
             b_t, b_n = isolated(sb3_time_to, algo, env, target, seed, every, budget, args.threads)
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
                   flush=True)
+            if algo == "dqn":
+                double.append(isolated(shoal_time, algo, env, target, seed, every, args.threads))
+                print(f"  shoal's default, double DQN: {double[-1][0]:6.1f} s ({double[-1][1]:,} steps)", flush=True)
         s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
         print(f"{algo}: median time to {target:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f} "
               f"(target <= 0.5)")
         result[f"{algo}_time_to_target"] = {"rows": rows, "ratio": s_med / b_med}
+        if double:
+            d_med = median([t for t, _ in double])
+            print(f"dqn with double Q-learning (shoal's default): median {d_med:.1f} s; ratio {d_med / b_med:.2f}")
+            result["double_dqn_time_to_target"] = {"rows": double, "ratio": d_med / b_med}
     save("offpolicy_vs_sb3", result)
 
 

@@ -185,9 +185,11 @@ class OffPolicyLearner(Learner):
         if replay_shards is None:
             args, kwargs = replay_args(config, obs_space, action_space)
             replay_shards = [LocalHandle(ReplayBuffer(*args, **kwargs))]
-        # Ape-X fetches 8 batches per call to a remote shard; synchronous runs one, so that every
-        # batch is drawn after the previous priority update, as in the paper's PER.
-        self.replay = ShardedReplay(replay_shards, prefetch=8 if config.apex else 1)
+        # Ape-X fetches 8 batches per call to a remote shard. Synchronous runs with prioritised
+        # replay fetch one, so that every batch is drawn after the previous priority update, as
+        # in the paper's PER; with uniform replay the batches an update phase takes are drawn
+        # together (the buffer does not change within the phase).
+        self.replay = ShardedReplay(replay_shards, prefetch=8 if config.apex else 1 if config.prioritized else 16)
         self.updates = 0
 
     def train_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:

@@ -123,3 +123,31 @@ def test_n_step_assembly_is_the_same_in_a_runner_and_in_the_buffer():
         a.add_rollout(r)
         b.add(*nstep(r))
     assert stored(a) == stored(b) and len(a) == 6
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(prioritized):
+    """Uniform batches come from one gather split into views: as many as drawing one at a time
+    would give, each row a stored transition, the limiter charged for each."""
+    rng = np.random.default_rng(0)
+    for inserted, count in ((40, 16), (55, 3), (70, 16), (9, 16)):
+        buf = ReplayBuffer(128, 2, (), np.int64, gamma=0.9, prioritized=prioritized, samples_per_insert=0.5,
+                           min_size_to_sample=10, error_buffer=4, seed=1)
+        obs = rng.normal(size=(inserted, 2)).astype(np.float32)
+        buf.add(obs, np.arange(inserted), np.arange(inserted, dtype=np.float32), obs + 1, np.full(inserted, 0.9, np.float32))
+        one_by_one = 0
+        samples = buf.limiter.samples
+        while one_by_one < count and buf.limiter.can_sample(4 * (one_by_one + 1)):
+            one_by_one += 1
+        batches = buf.sample_ready(4, count=count)
+        allowed = max(0, int((inserted * 0.5 - 5 + 4) // 4)) if inserted >= 10 else 0  # by hand
+        assert len(batches) == one_by_one == min(count, allowed)
+        assert buf.limiter.samples == samples + 4 * len(batches)
+        for b in batches:
+            rows = b.actions.numpy()
+            np.testing.assert_array_equal(b.obs.numpy(), obs[rows])
+            np.testing.assert_array_equal(b.next_obs.numpy(), obs[rows] + 1)
+            np.testing.assert_array_equal(b.rewards.numpy(), rows.astype(np.float32))
+            np.testing.assert_array_equal(b.indices, rows)
+            assert b.obs.shape == (4, 2) and b.weights.shape == (4,)
+        assert len(buf.sample_ready(4, count=count)) == min(count, allowed - len(batches))  # the rest

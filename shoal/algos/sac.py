@@ -61,25 +61,33 @@ class SquashedGaussianActor(ScaledActions):
         self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
         self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
 
-    def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Reparameterised actions [N, act_dim] and their log-probabilities [N] (Appendix C)."""
+    def _gaussian(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(u, the noise that drew it, log sigma), each [N, act_dim]."""
         h = self.trunk(x)
         mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
         noise = torch.randn(mu.shape, generator=generator)
-        u = mu + log_std.exp() * noise
+        return mu + log_std.exp() * noise, noise, log_std
+
+    def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """Reparameterised actions [N, act_dim] and their log-probabilities [N] (Appendix C)."""
+        u, noise, log_std = self._gaussian(x, generator)
         a = torch.tanh(u)
         # log N(u) - sum log(1 - tanh(u)^2), the latter written stably as 2(log 2 - u - softplus(-2u)).
         logp = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1)
         return a, logp
 
+    def _draw(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Actions as :meth:`sample` draws them, without their log-probabilities."""
+        return torch.tanh(self._gaussian(x, generator)[0])
+
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        if self.random_actions:
-            return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
-        return self.sample(x, generator)
+        # Replay keeps no behaviour log-probabilities (as DQN's runners, these report zeros).
+        a = self.uniform(x.shape[0], generator) if self.random_actions else self._draw(x, generator)
+        return a, torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return torch.tanh(self.mu(self.trunk(x))) if deterministic else self.sample(x, generator)[0]
+        return torch.tanh(self.mu(self.trunk(x))) if deterministic else self._draw(x, generator)
 
 
 class CategoricalActor(PolicyModule):
