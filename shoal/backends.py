@@ -173,6 +173,9 @@ class RayBackend:
                 # makes millions, and that history alone grew ~9 MiB a minute here (MEASURED in
                 # benchmarks/soak_faults.py). shoal starts no dashboard: keep 10,000.
                 os.environ.setdefault("RAY_task_events_max_num_task_in_gcs", "10000")
+                # Ray 2.60 turns token authentication on for every new local cluster and logs a
+                # WARNING saying so each time; this cluster is the run's own, so keep it quiet.
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             try:
                 # "local": always a new cluster when no address is given; a bare ray.init() would
                 # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.

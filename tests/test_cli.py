@@ -79,6 +79,8 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
     (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
     (["train", "ppo", "--set", "lr="], "lr needs a value (give lr=VALUE)"),
+    (["train", "td3", "--env", "CartPole-v1"], "td3 needs continuous (Box) actions; use dqn, sac or ppo"),
+    (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions; use sac, td3 or ddpg"),
     (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
     (["eval", "/nonexistent"], "/nonexistent does not exist"),
     (["frobnicate"], "unknown command 'frobnicate'"),

@@ -52,3 +52,14 @@ def test_train_joins_a_running_cluster_by_address(head_node, tmp_path):
                         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints").is_dir() and (tmp_path / "run" / "curve.png").is_file()
+
+
+def test_a_local_ray_run_prints_no_ray_warnings(tmp_path):
+    """A run that starts its own cluster shows shoal's lines only: Ray 2.60 logs a WARNING at every
+    new local cluster that it turned token authentication on (it stays on; only the line goes)."""
+    p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "dqn", "--env", "CartPole-v1", "--backend", "ray",
+                        "--total-steps", "256", "--no-progress", "--no-tensorboard", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "done: eval return" in out and "WARNING" not in out, out

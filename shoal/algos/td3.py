@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
+from shoal.errors import ShoalError
 from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak, target_copy
 from shoal.policy import mlp
 from shoal.replay import Transitions
@@ -77,6 +78,8 @@ class DeterministicActor(ScaledActions):
 
 def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActor:
     """The deterministic actor TD3 and DDPG train."""
+    if isinstance(action_space, gym.spaces.Discrete):
+        raise ShoalError(f"{config.algo} needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
     return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise)
 
 
