@@ -258,9 +258,12 @@ class ReplayBuffer:
             return []
         idx = self.rng.integers(0, self.size, k * batch_size)
         self.limiter.samples += k * batch_size
-        columns = [torch.as_tensor(a[idx]) for a in (self.obs, self.actions, self.rewards, self.next_obs, self.discounts)]
+        columns = [a[idx] for a in (self.obs, self.actions, self.rewards, self.next_obs, self.discounts)]
         weights = torch.ones(batch_size)
-        return [Transitions(*(c[i * batch_size:(i + 1) * batch_size] for c in columns), weights,
+        # Each batch's tensors wrap its own rows of the gathered arrays (torch.from_numpy of a
+        # view): sent to a remote learner, a batch pickles its rows only, where a view of one
+        # big tensor would carry the whole gather with it.
+        return [Transitions(*(torch.from_numpy(c[i * batch_size:(i + 1) * batch_size]) for c in columns), weights,
                             idx[i * batch_size:(i + 1) * batch_size]) for i in range(k)]
 
     def update_priorities(self, idx: np.ndarray, td_errors: np.ndarray) -> None:

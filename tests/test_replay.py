@@ -1,5 +1,7 @@
 """Replay mechanics: n-step targets, sum-tree sampling, importance weights, rate limiting, round trip."""
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,5 @@ def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(
             np.testing.assert_array_equal(b.indices, rows)
             assert b.obs.shape == (4, 2) and b.weights.shape == (4,)
         assert len(buf.sample_ready(4, count=count)) == min(count, allowed - len(batches))  # the rest
+        if batches:  # sent to a remote learner, a batch carries its own rows, not the whole gather
+            assert len(pickle.dumps(batches[0])) == len(pickle.dumps(buf.sample(4)))
