@@ -153,5 +153,15 @@ def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(
             np.testing.assert_array_equal(b.indices, rows)
             assert b.obs.shape == (4, 2) and b.weights.shape == (4,)
         assert len(buf.sample_ready(4, count=count)) == min(count, allowed - len(batches))  # the rest
-        if batches:  # sent to a remote learner, a batch carries its own rows, not the whole gather
-            assert len(pickle.dumps(batches[0])) == len(pickle.dumps(buf.sample(4)))
+
+
+def test_a_batch_drawn_with_others_pickles_its_own_rows_only():
+    """Sent to a remote learner (Ape-X fetches 8 at a time), a batch must not carry the gather."""
+    buf = ReplayBuffer(1024, 256, (), np.int64, gamma=0.9, seed=0)
+    n = 1000
+    buf.add(np.ones((n, 256), np.float32), np.zeros(n, np.int64), np.zeros(n, np.float32), np.ones((n, 256), np.float32),
+            np.ones(n, np.float32))
+    batches = buf.sample_ready(32, count=8)
+    alone = len(pickle.dumps(buf.sample(32)))  # ~65 KB of observations
+    assert len(batches) == 8 and len(pickle.dumps(batches[3])) < 1.1 * alone
+    assert len(pickle.dumps(batches)) < 8.5 * alone
