@@ -21,7 +21,7 @@ USAGE = """usage: shoal COMMAND ...
 commands:
   train ALGO --env ENV_ID [options]   train (see `shoal train ALGO --help` for every option)
   train --resume RUN_DIR              continue a run from its newest checkpoint
-  eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic)
+  eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic/--stochastic)
   plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time)
   serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
@@ -105,7 +105,10 @@ class EvalArgs:
     video: str | None = None
     """Write an mp4 of each episode into this directory."""
     deterministic: bool = False
-    """Take the most likely action instead of sampling."""
+    """Take the most likely action. Without this or --stochastic, act as the run's own
+    evaluations did (eval_deterministic, on unless the run turned it off)."""
+    stochastic: bool = False
+    """Sample actions (DQN: epsilon-greedy at the checkpoint's epsilon)."""
     seed: int = 0
     """Seed of the evaluation episodes."""
     max_steps: int = 10_000
@@ -124,6 +127,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
     if args.episodes < 1 or args.max_steps < 1:
         raise ShoalError("--episodes and --max-steps must be at least 1")
+    if args.deterministic and args.stochastic:
+        raise ShoalError("--deterministic and --stochastic exclude each other")
     path = ckpt.resolve(args.path)
     env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
@@ -136,12 +141,14 @@ def cmd_eval(argv: list[str], console: Console) -> int:
                              f"{policy.observation_space} and gives {policy.action_space}")
     if args.video and is_remote(env_id):
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
-    mode = "deterministic" if args.deterministic else "stochastic"
+    deterministic = args.deterministic or (
+        not args.stochastic and bool(ckpt.read_policy(path)["config"].get("eval_deterministic", True)))
+    mode = "deterministic" if deterministic else "stochastic"
     if args.video:
-        paths = record_episodes(policy.module, env_id, args.episodes, args.deterministic, args.seed, args.video,
+        paths = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.video,
                                 args.max_steps)
         console.print(f"wrote {len(paths)} videos to {args.video}")
-    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), args.deterministic, args.seed,
+    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
                           args.max_steps)
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "

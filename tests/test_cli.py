@@ -40,10 +40,25 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert "over 3 episodes (deterministic" in out
     videos = sorted((tmp_path / "videos").glob("*.mp4"))
     assert len(videos) == 3 and all(v.stat().st_size > 1000 for v in videos)
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2")  # as the run's evaluations
+    assert code == 0 and "over 2 episodes (deterministic" in out
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2", "--stochastic")
+    assert code == 0 and "over 2 episodes (stochastic" in out
 
     code, out, err = run_cli(capsys, "plot", str(run), str(run), "--out", str(tmp_path / "both.png"))
     assert code == 0, err
     assert (tmp_path / "both.png").stat().st_size > 10_000
+
+
+def test_eval_acts_as_the_runs_own_evaluations_unless_told(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--set", "eval_deterministic=false",
+                           "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2")
+    assert code == 0 and "over 2 episodes (stochastic" in out
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2", "--deterministic")
+    assert code == 0 and "over 2 episodes (deterministic" in out
 
 
 def test_layering_preset_file_set_and_flags(tmp_path):
@@ -83,6 +98,7 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions; use sac, td3 or ddpg"),
     (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
     (["eval", "/nonexistent"], "/nonexistent does not exist"),
+    (["eval", "/nonexistent", "--deterministic", "--stochastic"], "--deterministic and --stochastic exclude each other"),
     (["frobnicate"], "unknown command 'frobnicate'"),
 ])
 def test_user_mistakes_get_one_clear_line(capsys, argv, message):
