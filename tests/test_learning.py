@@ -39,10 +39,14 @@ def offpolicy(algo, env, **sets):
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
 
 
+RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": True}  # every DQN option on
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("algo", ["dqn", "sac"])  # sac: SAC-Discrete
-def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, seed, tmp_path):
-    config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475)
+@pytest.mark.parametrize("algo, sets", [("dqn", {}), ("dqn", RAINBOW_LITE), ("sac", {})],  # sac: SAC-Discrete
+                         ids=["dqn", "dqn-rainbow-lite", "sac"])
+def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, sets, seed, tmp_path):
+    config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475, **sets)
     assert config.total_steps <= 100_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
