@@ -302,7 +302,7 @@ class Algorithm:
         """The current policy, in this process, for ``policy.act(obs)``."""
         module = self.spec.make_policy(self.config, self.obs_space, self.action_space)
         set_weights(module, self.backend.get(self.learner.call("get_weights")))
-        return Policy(module, self.policy_version)
+        return Policy(module, self.policy_version, self.config)
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -394,4 +394,4 @@ def load_policy(path: str | Path) -> Policy:
     module = get(payload["algo"]).make_policy(config, space_from_description(payload["obs_space"]),
                                               space_from_description(payload["action_space"]))
     module.load_state_dict(payload["weights"])
-    return Policy(module, payload["version"])
+    return Policy(module, payload["version"], config)

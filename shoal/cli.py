@@ -141,8 +141,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
                              f"{policy.observation_space} and gives {policy.action_space}")
     if args.video and is_remote(env_id):
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
-    deterministic = args.deterministic or (
-        not args.stochastic and bool(ckpt.read_policy(path)["config"].get("eval_deterministic", True)))
+    deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
     if args.video:
         paths = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.video,

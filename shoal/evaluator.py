@@ -15,7 +15,7 @@ from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 @torch.no_grad()
 def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int,
-                 max_steps: int = 10_000) -> dict[str, float]:
+                 max_steps: int) -> dict[str, float]:
     """Play one episode in each of ``env``'s copies, in parallel, and return their statistics;
     an episode still going after ``max_steps`` steps is cut there."""
     episodes = env.num_envs
@@ -37,7 +37,7 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
 
 @torch.no_grad()
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool,
-                    seed: int, video_dir: str | Path, max_steps: int = 10_000) -> list[Path]:
+                    seed: int, video_dir: str | Path, max_steps: int) -> list[Path]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended)."""
     import imageio.v2 as imageio

@@ -7,7 +7,7 @@ rule travel together as one state dict. The learner (which owns optimisers) is s
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -226,9 +226,10 @@ def set_weights(module: nn.Module, weights: Weights) -> None:
 class Policy:
     """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
 
-    def __init__(self, module: PolicyModule, version: int = 0):
+    def __init__(self, module: PolicyModule, version: int = 0, config: Any = None):
         self.module = module.eval()
         self.version = version
+        self.config = config  # the run's settings, when known (a checkpoint's, a live algorithm's)
         self.observation_space = module.obs_space
         self.action_space = module.action_space
 
