@@ -237,6 +237,14 @@ def test_a_server_that_hangs_is_timed_out_and_reconnected(servers):
     env.close()
 
 
+def test_a_client_without_the_token_is_told_where_to_give_it(servers, monkeypatch):
+    server = servers(num_envs=2, token=TOKEN)
+    monkeypatch.delenv("SHOAL_TOKEN", raising=False)
+    monkeypatch.delenv("SHOAL_TOKEN_FILE", raising=False)
+    with pytest.raises(ShoalError, match=f"env server {server.address}: UNAUTHENTICATED.*SHOAL_TOKEN"):
+        RemoteVectorEnv(f"remote://{server.address}", timeout_s=2)
+
+
 def test_tls_with_a_ca_and_a_token(servers, tmp_path, monkeypatch):
     import shutil
     import subprocess

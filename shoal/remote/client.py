@@ -191,6 +191,8 @@ def _describe_error(e: grpc.RpcError) -> str:
     code = e.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return "unreachable (is `shoal serve-env` running there?)"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return f"{code.name}: {e.details()} (give the server's token in SHOAL_TOKEN or SHOAL_TOKEN_FILE)"
     return f"{code.name}: {e.details()}"
 
 
