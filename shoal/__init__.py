@@ -29,6 +29,7 @@ _EXPORTS = {
     "APPOConfig": "shoal.algos.appo", "DQNConfig": "shoal.algos.dqn", "DDPGConfig": "shoal.algos.ddpg",
     "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac", "batched": "shoal.batching",
     "RemoteVectorEnv": "shoal.remote.client", "PolicyClient": "shoal.remote.policyserver",
+    "ServerError": "shoal.remote.client",
     "make_config": "shoal.algos",
 }
 __all__ = sorted(_EXPORTS)

@@ -152,13 +152,32 @@ def test_several_policies_by_id_and_clear_errors(tmp_path, tiny):
         for obs, pid, code in [(np.zeros((2, 4), np.float32), "nope", grpc.StatusCode.NOT_FOUND),
                                (np.zeros((2, 5), np.float32), "cart", grpc.StatusCode.INVALID_ARGUMENT),
                                (np.full((1, 4), np.inf, np.float32), "cart", grpc.StatusCode.INVALID_ARGUMENT)]:
-            with pytest.raises(grpc.RpcError) as e:
+            with pytest.raises(shoal.ServerError) as e:  # one line naming the server; grpc's status kept
                 client.act(obs, policy_id=pid)
-            assert e.value.code() == code and e.value.details()
+            assert e.value.code() == code and e.value.details() and isinstance(e.value, grpc.RpcError)
+            assert str(e.value) == f"policy server {server.address}: {code.name}: {e.value.details()}"
         assert client.act(np.zeros((1, 4), np.float32), policy_id="cart")[0].shape == (1,)  # still serving
     finally:
         client.close()
         server.stop(grace=0)
+
+
+def test_a_client_of_a_missing_server_gets_one_line_naming_it():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    client = PolicyClient(address, timeout_s=2)
+    try:
+        for call in (lambda: client.act(np.zeros((1, 4), np.float32)), client.describe,
+                     lambda: client.stream().act(np.zeros((1, 4), np.float32))):
+            with pytest.raises(ShoalError) as e:
+                call()
+            assert str(e.value) == f"policy server {address}: unreachable (is `shoal serve-policy` running there?)"
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        client.close()
 
 
 def test_follow_hot_swaps_to_newer_checkpoints(tmp_path, tiny):

@@ -180,20 +180,35 @@ def describe(url: str, timeout_s: float = 10.0) -> pb.EnvInfo:
         conn.close()
 
 
+class ServerError(ShoalError, grpc.RpcError):
+    """A failed call to one of shoal's servers, said in one line that names the server. It is also
+    a ``grpc.RpcError``: ``code()`` and ``details()`` are the status the server (or grpc) gave."""
+
+    def __init__(self, kind: str, address: str, error: grpc.RpcError):
+        self._code, self._details = error.code(), error.details()
+        super().__init__(f"{kind} server {address}: {_describe_error(kind, error)}")
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _describe_error(kind: str, e: grpc.RpcError) -> str:
+    code = e.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"unreachable (is `shoal serve-{kind}` running there?)"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return f"{code.name}: {e.details()} (give the server's token in SHOAL_TOKEN or SHOAL_TOKEN_FILE)"
+    return f"{code.name}: {e.details()}"
+
+
 def _fail_clearly(address: str, fn: Any) -> Any:
     try:
         return fn()
     except grpc.RpcError as e:
-        raise ShoalError(f"env server {address}: {_describe_error(e)}") from None
-
-
-def _describe_error(e: grpc.RpcError) -> str:
-    code = e.code()
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return "unreachable (is `shoal serve-env` running there?)"
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return f"{code.name}: {e.details()} (give the server's token in SHOAL_TOKEN or SHOAL_TOKEN_FILE)"
-    return f"{code.name}: {e.details()}"
+        raise ServerError("env", address, e) from None
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
@@ -266,7 +281,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                               decode(r.final_obs)))
             except grpc.RpcError as e:
                 if e.code() not in RETRY_CODES:
-                    raise ShoalError(f"env server {self.conns[i].address}: {_describe_error(e)}") from None
+                    raise ServerError("env", self.conns[i].address, e) from None
                 parts.append(self._recover(i, e))
                 errors[self.bounds[i]:self.bounds[i + 1]] = True
         obs, rewards, terminated, truncated, final = (np.concatenate(x) for x in zip(*parts))
@@ -312,10 +327,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             except grpc.RpcError as e:
                 error = e
                 if e.code() not in RETRY_CODES and e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise ShoalError(f"env server {conn.address}: {_describe_error(e)}") from None
+                    raise ServerError("env", conn.address, e) from None
             if time.monotonic() + delay > deadline:
                 raise ShoalError(f"env server {conn.address} did not come back within {self.reconnect_s:g} s: "
-                                 f"{_describe_error(error)}")
+                                 f"{_describe_error('env', error)}")
             time.sleep(delay)
             delay = min(2.0, delay * 2)
 
@@ -325,7 +340,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             return self.conns[i](name, request())
         except grpc.RpcError as e:
             if e.code() not in RETRY_CODES:
-                raise ShoalError(f"env server {self.conns[i].address}: {_describe_error(e)}") from None
+                raise ServerError("env", self.conns[i].address, e) from None
             self._reopen(i, e)
             self.reconnects += 1
             return _fail_clearly(self.conns[i].address, lambda: self.conns[i](name, request()))

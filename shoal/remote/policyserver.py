@@ -33,6 +33,7 @@ from shoal.batching import batched
 from shoal.errors import ShoalError
 from shoal.policy import Policy, set_weights
 from shoal.remote import shoal_pb2 as pb
+from shoal.remote.client import ServerError, client_token, open_channel
 from shoal.remote.server import Abort, AioGrpcServer, log
 from shoal.remote.wire import WireError, decode, encode, encode_space
 from shoal.rundir import LIVE
@@ -238,12 +239,12 @@ def _store_actor(live: dict[str, Any]) -> Any:
 
 
 class PolicyClient:
-    """Python client of a policy server: ``client.act(obs) -> (actions, version)``."""
+    """Python client of a policy server: ``client.act(obs) -> (actions, version)``. A failed call
+    raises :class:`~shoal.remote.client.ServerError` (a ``grpc.RpcError`` too, with its status)."""
 
     def __init__(self, address: str, token: str | None = None, timeout_s: float = 10.0):
-        from shoal.remote.client import client_token, open_channel
-
         token = token if token is not None else client_token()
+        self.address = address
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout_s = timeout_s
         self.channel = open_channel(address)
@@ -255,25 +256,34 @@ class PolicyClient:
                                                   response_deserializer=pb.PolicyInfo.FromString)
 
     def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
-        reply = self._act(pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic),
-                          timeout=self.timeout_s, metadata=self.metadata)
+        request = pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic)
+        reply = _call(self.address, lambda: self._act(request, timeout=self.timeout_s, metadata=self.metadata))
         return np.array(decode(reply.actions)), reply.version
 
     def stream(self) -> "ActStream":
         """An ``ActStream`` call: ``act`` as here, many times over one call (cheaper per request)."""
-        return ActStream(self.channel, self.metadata)
+        return ActStream(self.channel, self.metadata, self.address)
 
     def describe(self, policy_id: str = "") -> pb.PolicyInfo:
-        return self._describe(pb.PolicyRequest(policy_id=policy_id), timeout=self.timeout_s, metadata=self.metadata)
+        return _call(self.address, lambda: self._describe(pb.PolicyRequest(policy_id=policy_id),
+                                                          timeout=self.timeout_s, metadata=self.metadata))
 
     def close(self) -> None:
         self.channel.close()
 
 
+def _call(address: str, fn: Any) -> Any:
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        raise ServerError("policy", address, e) from None
+
+
 class ActStream:
     """Requests and replies over one ``ActStream`` call, one at a time (``act``); ``close`` ends it."""
 
-    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]):
+    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...], address: str = "?"):
+        self.address = address
         self.requests: queue.SimpleQueue[pb.ActRequest | None] = queue.SimpleQueue()
         call = channel.stream_stream("/shoal.v1.PolicyService/ActStream",
                                      request_serializer=lambda m: m.SerializeToString(),
@@ -282,7 +292,7 @@ class ActStream:
 
     def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
         self.requests.put(pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic))
-        reply = next(self.replies)  # a failed request raises its grpc.RpcError here
+        reply = _call(self.address, lambda: next(self.replies))  # a failed request ends the stream
         return np.array(decode(reply.actions)), reply.version
 
     def close(self) -> None:
