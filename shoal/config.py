@@ -81,6 +81,10 @@ class Config:
     """Show a live progress bar."""
     tensorboard: bool = True
     """Write TensorBoard event files beside the CSV metrics."""
+    log_interval: int = 1
+    """Write a row of progress.csv and TensorBoard once per this many environment steps: the
+    first iteration at or past each multiple, and the last one (1: every iteration). Its
+    env_steps_per_s is the rate since the row before."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
@@ -92,6 +96,7 @@ class Config:
         _check(self.eval_episodes >= 1, "eval_episodes must be at least 1")
         _check(self.eval_max_steps >= 1, "eval_max_steps must be at least 1")
         _check(self.checkpoint_interval >= 1, "checkpoint_interval must be positive")
+        _check(self.log_interval >= 1, "log_interval must be at least 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")

@@ -42,6 +42,9 @@ class OffPolicyConfig(Config):
     """Hidden-layer activation."""
     rollout_steps: int = 1
     """Steps each env takes between learner updates (SB3's train_freq)."""
+    log_interval: int = 500
+    """Env steps between rows of progress.csv and TensorBoard (an iteration here is one env step;
+    a row costs ~0.7 ms, 13% of a SAC step on Pendulum, and ~1.3 KB of CSV and TensorBoard)."""
     updates_per_step: float = 1.0
     """Gradient updates per environment step (SB3's gradient_steps / train_freq)."""
     buffer_size: int = 1_000_000

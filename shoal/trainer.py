@@ -66,12 +66,26 @@ Callback = Callable[[Algorithm, dict[str, Any]], None]
 def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None) -> dict[str, Any]:
     """Train until ``total_steps`` or ``stop_return``; returns a summary of the run.
 
-    ``callback(algo, metrics)``, if given, runs after every iteration (after logging)."""
+    ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
+    progress.csv, when it has one: see ``log_interval``)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
+    last_log = every(c.log_interval, algo.env_steps)
     best, evaluation, solved = _best_eval(run), None, False
     saved: tuple[int, Path] | None = None  # (env_steps, path) of the newest periodic checkpoint
+    logged = (algo.env_steps, algo.elapsed_s)  # env steps and training seconds at the last row
+    unlogged: dict[str, Any] | None = None  # the newest iteration's metrics, if not written yet
+
+    def log(metrics: dict[str, Any]) -> float:
+        """Write the row; returns its env steps per second (since the row before)."""
+        nonlocal logged, unlogged
+        steps, seconds = metrics["env_steps"] - logged[0], metrics["time/elapsed_s"] - logged[1]
+        if seconds > 0:  # over all the iterations this row stands for
+            metrics = {**metrics, "time/env_steps_per_s": steps / seconds}
+        run.log(metrics)
+        logged, unlogged = (metrics["env_steps"], metrics["time/elapsed_s"]), None
+        return metrics["time/env_steps_per_s"]
 
     def save() -> Path:
         nonlocal saved
@@ -99,7 +113,11 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
             while algo.env_steps < c.total_steps and not solved:
                 metrics = algo.train()
-                run.log(metrics)
+                if every(c.log_interval, algo.env_steps) > last_log:
+                    last_log = every(c.log_interval, algo.env_steps)
+                    bar.update(task, sps=log(metrics))
+                else:
+                    unlogged = metrics
                 if callback is not None:
                     callback(algo, metrics)
                 if every(c.eval_interval, algo.env_steps) > last_eval:
@@ -110,10 +128,13 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
                 ret = metrics.get("episode/return_mean")
-                bar.update(task, completed=min(algo.env_steps, c.total_steps), sps=metrics["time/env_steps_per_s"],
-                           ret="-" if ret is None else f"{ret:.1f}",
+                bar.update(task, completed=min(algo.env_steps, c.total_steps), ret="-" if ret is None else f"{ret:.1f}",
                            eval="-" if evaluation is None else f"{evaluation['eval/return_mean']:.1f}")
+            if unlogged is not None:  # the last iteration always has its row
+                log(unlogged)
     except KeyboardInterrupt:
+        if unlogged is not None:
+            log(unlogged)
         path = save()
         run.close()
         raise Interrupted(f"interrupted at {algo.env_steps:,} steps; checkpoint {path}; "

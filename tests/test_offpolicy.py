@@ -217,3 +217,21 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         shards = algo.learner.obj.replay.shards
         assert [s.obj.stored() for s in shards] == [64, 64, 64]  # runner i -> shard i
         assert metrics["learner/updates"] > 0
+
+
+def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
+    import csv
+
+    config = DQNConfig(env="CartPole-v1", hidden_sizes=(16,), batch_size=32, learning_starts=64, total_steps=1_234,
+                       torch_threads=1, progress=False, tensorboard=False, eval_interval=0)
+    assert config.log_interval == 500  # an off-policy iteration is one env step: a row for each is too many
+    iterations = []
+    shoal.train(config, run_dir=tmp_path / "run", callback=lambda algo, metrics: iterations.append(metrics))
+    rows = list(csv.DictReader(open(tmp_path / "run" / "progress.csv")))
+    assert len(iterations) == 1_234  # the callback still sees every iteration
+    assert [int(r["env_steps"]) for r in rows] == [500, 1_000, 1_234]
+    for before, row in zip(rows, rows[1:]):  # each row's rate covers the iterations since the row before
+        seconds = float(row["time/elapsed_s"]) - float(before["time/elapsed_s"])
+        steps = int(row["env_steps"]) - int(before["env_steps"])
+        assert float(row["time/env_steps_per_s"]) == pytest.approx(steps / seconds)
+    assert float(rows[-1]["loss/q"]) == pytest.approx(float(iterations[-1]["loss/q"]))  # the last iteration's own
