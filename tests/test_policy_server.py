@@ -255,7 +255,7 @@ def test_streams_and_the_guards_of_the_asyncio_server(tmp_path, tiny):
         raw = client.channel.unary_unary("/shoal.v1.PolicyService/Act")
         assert status(lambda: PolicyClient(server.address, token="x" * 31).act(obs[:1])) == \
             grpc.StatusCode.UNAUTHENTICATED
-        assert status(lambda: ActStream(client.channel, ()).act(obs[:1])) == grpc.StatusCode.UNAUTHENTICATED
+        assert status(lambda: ActStream(client.channel, (), server.address).act(obs[:1])) == grpc.StatusCode.UNAUTHENTICATED
         assert status(lambda: raw(b"\xff\xff\xff", metadata=auth, timeout=5)) == grpc.StatusCode.INVALID_ARGUMENT
         assert status(lambda: client.act(np.zeros((5000, 4), np.float32))) == grpc.StatusCode.RESOURCE_EXHAUSTED
 

@@ -282,7 +282,7 @@ def _call(address: str, fn: Any) -> Any:
 class ActStream:
     """Requests and replies over one ``ActStream`` call, one at a time (``act``); ``close`` ends it."""
 
-    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...], address: str = "?"):
+    def __init__(self, channel: grpc.Channel, metadata: tuple[tuple[str, str], ...], address: str):
         self.address = address
         self.requests: queue.SimpleQueue[pb.ActRequest | None] = queue.SimpleQueue()
         call = channel.stream_stream("/shoal.v1.PolicyService/ActStream",
