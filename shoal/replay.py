@@ -215,17 +215,15 @@ class ReplayBuffer:
     def sample(self, batch_size: int, beta: float = 0.4) -> Transitions:
         """Draw a batch; prioritised buffers also return importance weights (eq. in Sec. 3.4)."""
         if self.tree is None:
-            idx = self.rng.integers(0, self.size, batch_size)
-            weights = np.ones(batch_size, np.float32)
-        else:
-            # Stratified: one draw in each of batch_size equal slices of the total priority.
-            total = self.tree.total
-            bounds = np.arange(batch_size) * (total / batch_size)
-            values = np.minimum(bounds + self.rng.random(batch_size) * (total / batch_size), total * (1 - 1e-12))
-            idx = np.minimum(self.tree.find(values), self.size - 1)
-            probs = self.tree.get(idx) / total
-            weights = (self.size * probs) ** (-beta)
-            weights = (weights / weights.max()).astype(np.float32)
+            return self._uniform(batch_size, 1)[0]
+        # Stratified: one draw in each of batch_size equal slices of the total priority.
+        total = self.tree.total
+        bounds = np.arange(batch_size) * (total / batch_size)
+        values = np.minimum(bounds + self.rng.random(batch_size) * (total / batch_size), total * (1 - 1e-12))
+        idx = np.minimum(self.tree.find(values), self.size - 1)
+        probs = self.tree.get(idx) / total
+        weights = (self.size * probs) ** (-beta)
+        weights = (weights / weights.max()).astype(np.float32)
         self.limiter.samples += batch_size
         t = torch.as_tensor
         return Transitions(t(self.obs[idx]), t(self.actions[idx]), t(self.rewards[idx]), t(self.next_obs[idx]),
@@ -254,8 +252,11 @@ class ReplayBuffer:
         k = 0
         while k < count and self.limiter.can_sample(batch_size * (k + 1)):
             k += 1
-        if k == 0:
-            return []
+        return self._uniform(batch_size, k) if k else []
+
+    def _uniform(self, batch_size: int, k: int) -> list[Transitions]:
+        """``k`` uniform batches from one draw of indices and one gather per column; the rate
+        limiter is charged for them."""
         idx = self.rng.integers(0, self.size, k * batch_size)
         self.limiter.samples += k * batch_size
         columns = [a[idx] for a in (self.obs, self.actions, self.rewards, self.next_obs, self.discounts)]
