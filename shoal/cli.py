@@ -6,15 +6,32 @@ User mistakes end in one line on stderr and exit code 2; tracebacks are for bugs
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import tyro
+import tyro._docstrings
 from rich.console import Console
 from rich.table import Table
 
 from shoal.errors import ShoalError
+
+
+def _cleaned_field_docs(read):
+    """tyro 1.0.16 takes a field's docstring as docstring_parser returns it, with its continuation
+    lines still indented, and starts a new help line at each indented line ("... an env with no" /
+    "time limit ..."). Clean each one as Python cleans any docstring (PEP 257), so a field's help
+    is one paragraph however its docstring is wrapped in the source."""
+
+    def parse(obj: object) -> dict[str, str]:
+        return {name: inspect.cleandoc(doc) for name, doc in read(obj).items()}
+
+    return parse
+
+
+tyro._docstrings.parse_docstring_from_object = _cleaned_field_docs(tyro._docstrings.parse_docstring_from_object)
 
 USAGE = """usage: shoal COMMAND ...
 
@@ -98,7 +115,7 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
 class EvalArgs:
     """Evaluate a trained policy: mean and std of episode returns, optionally videos."""
 
-    path: tyro.conf.Positional[str]
+    path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR_OR_CHECKPOINT")]
     """A run directory (its newest checkpoint) or a checkpoint directory."""
     episodes: int = 10
     """Number of episodes."""
@@ -159,7 +176,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
 class PlotArgs:
     """Plot learning curves of one or more runs, overlaid."""
 
-    runs: Annotated[tuple[str, ...], tyro.conf.Positional]
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]")]
     """Run directories."""
     out: str | None = None
     """Output PNG (default: RUN_DIR/curve.png for one run, curves.png for several)."""
@@ -212,7 +229,7 @@ class ServeEnvArgs:
     """Serve copies of a Gymnasium env over gRPC (proto/shoal.proto); trainers use them with
     --env remote://HOST:PORT. Stop with Ctrl-C."""
 
-    env_id: tyro.conf.Positional[str]
+    env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_ID")]
     """Environment id served by default (any installed Gymnasium env)."""
     num_envs: int = 8
     """Envs per client session, stepped together as one batch per request."""
@@ -275,7 +292,8 @@ class ServePolicyArgs:
     """Serve trained policies over gRPC (PolicyService in proto/shoal.proto): clients send
     observations and get actions, batched across clients. Stop with Ctrl-C."""
 
-    paths: Annotated[tuple[str, ...], tyro.conf.Positional]
+    paths: Annotated[tuple[str, ...], tyro.conf.Positional,
+                     tyro.conf.arg(metavar="RUN_DIR_OR_CHECKPOINT [...]")]
     """Run directories (their newest checkpoint) or checkpoint directories."""
     policy_id: tuple[str, ...] = ()
     """An id for each path, in order (default: `default` for one path, else the directory names)."""

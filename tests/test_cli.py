@@ -171,6 +171,17 @@ def test_help_lists_every_field_and_the_listing_commands(capsys):
     assert code == 0 and "Pendulum-v1" in out
 
 
+def test_a_docstring_wrapped_in_the_source_is_one_paragraph_of_help(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # wide enough that rich wraps nothing
+    with pytest.raises(SystemExit):
+        main(["train", "sac", "--help"])
+    out = capsys.readouterr().out
+    assert "is cut there (an env with no time limit, such as CliffWalking-v1, would never end" in out
+    with pytest.raises(SystemExit):
+        main(["serve-env", "--help"])
+    assert "usage: shoal serve-env [-h] [OPTIONS] ENV_ID" in capsys.readouterr().out
+
+
 def test_unreachable_ray_address_fails_fast_without_a_traceback():
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray",
