@@ -77,15 +77,16 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     logged = (algo.env_steps, algo.elapsed_s)  # env steps and training seconds at the last row
     unlogged: dict[str, Any] | None = None  # the newest iteration's metrics, if not written yet
 
-    def log(metrics: dict[str, Any]) -> float:
-        """Write the row; returns its env steps per second (since the row before)."""
-        nonlocal logged, unlogged
+    def rate(metrics: dict[str, Any]) -> float:
+        """Env steps per second since the last row (over every iteration a row stands for)."""
         steps, seconds = metrics["env_steps"] - logged[0], metrics["time/elapsed_s"] - logged[1]
-        if seconds > 0:  # over all the iterations this row stands for
-            metrics = {**metrics, "time/env_steps_per_s": steps / seconds}
-        run.log(metrics)
+        return steps / seconds if seconds > 0 else metrics["time/env_steps_per_s"]
+
+    def log(metrics: dict[str, Any]) -> None:
+        """Write the row."""
+        nonlocal logged, unlogged
+        run.log({**metrics, "time/env_steps_per_s": rate(metrics)})
         logged, unlogged = (metrics["env_steps"], metrics["time/elapsed_s"]), None
-        return metrics["time/env_steps_per_s"]
 
     def save() -> Path:
         nonlocal saved
@@ -113,9 +114,10 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
             while algo.env_steps < c.total_steps and not solved:
                 metrics = algo.train()
+                sps = rate(metrics)
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
-                    bar.update(task, sps=log(metrics))
+                    log(metrics)
                 else:
                     unlogged = metrics
                 if callback is not None:
@@ -128,7 +130,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
                 ret = metrics.get("episode/return_mean")
-                bar.update(task, completed=min(algo.env_steps, c.total_steps), ret="-" if ret is None else f"{ret:.1f}",
+                bar.update(task, completed=min(algo.env_steps, c.total_steps), sps=sps,
+                           ret="-" if ret is None else f"{ret:.1f}",
                            eval="-" if evaluation is None else f"{evaluation['eval/return_mean']:.1f}")
             if unlogged is not None:  # the last iteration always has its row
                 log(unlogged)

@@ -235,3 +235,17 @@ def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iterat
         steps = int(row["env_steps"]) - int(before["env_steps"])
         assert float(row["time/env_steps_per_s"]) == pytest.approx(steps / seconds)
     assert float(rows[-1]["loss/q"]) == pytest.approx(float(iterations[-1]["loss/q"]))  # the last iteration's own
+
+
+def test_the_progress_bar_shows_the_step_rate_before_the_first_row(tmp_path):
+    import io
+    import re
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    config = DQNConfig(env="CartPole-v1", hidden_sizes=(16,), batch_size=32, learning_starts=64, total_steps=300,
+                       torch_threads=1, tensorboard=False, eval_interval=0)  # 300 steps: no row until the end
+    shoal.train(config, run_dir=tmp_path / "run", console=Console(file=out, width=200, force_terminal=True))
+    rates = [float(r.replace(",", "")) for r in re.findall(r"steps\s+([\d,]+)/s", out.getvalue())]
+    assert rates and rates[-1] > 0, out.getvalue()[-500:]
