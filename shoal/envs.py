@@ -27,6 +27,12 @@ def check_env_id(env_id: str) -> None:
         env_id = name
     if env_id in gym.registry:
         return
+    namespace = env_id.partition("/")[0] if "/" in env_id else None
+    if namespace and not any(spec.namespace == namespace for spec in gym.registry.values()):
+        how = (f"Atari's: `pip install ale-py`, then --env ale_py:{env_id}" if namespace == "ALE" else
+               f"install the package that provides it, then --env MODULE:{env_id} to import it first")
+        raise ShoalError(f"unknown environment {env_id!r}: no installed package registers the namespace "
+                         f"{namespace!r} ({how})")
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `shoal envs` lists them"
     raise ShoalError(f"unknown environment {env_id!r}{hint}")

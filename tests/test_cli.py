@@ -85,6 +85,8 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, ddpg, dqn, impala, ppo, sac, td3, trpo"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
+    (["train", "ppo", "--env", "ALE/Pong-v5"], "no installed package registers the namespace 'ALE' (Atari's: "
+                                                "`pip install ale-py`, then --env ale_py:ALE/Pong-v5)"),
     (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
     (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),
     (["train", "ppo", "--set", "gamma"], "--set expects key=value"),
