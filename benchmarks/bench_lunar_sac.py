@@ -16,11 +16,10 @@ A seed takes shoal 4-10 minutes here; SB3 runs longer.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from common import isolated, machine, median, save, shoal_time_to
+from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 ENV, TARGET = "LunarLanderContinuous-v3", 200.0
 
@@ -35,21 +34,13 @@ def shoal_time(seed: int, eval_every: int, max_steps: int, threads: int) -> tupl
 
 def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int) -> tuple[float, int]:
     from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
-    from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(threads)
-    start = time.perf_counter()
-    eval_env = make_vec_env(ENV, n_envs=10, seed=seed + 1_000_000)
-    stop = StopTrainingOnRewardThreshold(reward_threshold=TARGET, verbose=0)
-    callback = EvalCallback(eval_env, callback_on_new_best=stop, eval_freq=eval_every, n_eval_episodes=10,
-                            deterministic=True, verbose=0)
-    model = SAC("MlpPolicy", ENV, learning_rate=7.3e-4, buffer_size=1_000_000, batch_size=256, ent_coef="auto",
-                gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1, learning_starts=10_000,
-                policy_kwargs={"net_arch": [400, 300]}, seed=seed, device="cpu")
-    model.learn(max_steps, callback=callback)
-    solved = callback.best_mean_reward >= TARGET
-    return (time.perf_counter() - start if solved else float("nan")), model.num_timesteps
+    return sb3_time_to(lambda: SAC("MlpPolicy", ENV, learning_rate=7.3e-4, buffer_size=1_000_000, batch_size=256,
+                                   ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
+                                   learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
+                                   device="cpu"),
+                       ENV, TARGET, seed, eval_every, max_steps)
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from common import isolated, machine, median, save, shoal_time_to
+from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 
 def shoal_updates_per_s(threads: int, n: int = 300) -> float:
@@ -67,28 +67,19 @@ def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, t
         progress=False, tensorboard=False, torch_threads=threads, **(settings or {})), target)
 
 
-def sb3_time_to(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
-                threads: int) -> tuple[float, int]:
+def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
+             threads: int) -> tuple[float, int]:
     from stable_baselines3 import DQN, SAC
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
-    from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(threads)
-    start = time.perf_counter()
-    eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
-    stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)
-    callback = EvalCallback(eval_env, callback_on_new_best=stop, eval_freq=eval_every, n_eval_episodes=10,
-                            deterministic=True, verbose=0)
     if algo == "sac":
-        model = SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")
+        build = lambda: SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
     else:  # rl-zoo's CartPole-v1 DQN
-        model = DQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
-                    learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-                    exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
-                    seed=seed, device="cpu")
-    model.learn(budget, callback=callback)
-    solved = callback.best_mean_reward >= target
-    return (time.perf_counter() - start if solved else float("nan")), model.num_timesteps
+        build = lambda: DQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,  # noqa: E731
+                            learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+                            gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                            policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu")
+    return sb3_time_to(build, env_id, target, seed, eval_every, budget)
 
 
 def main() -> None:
@@ -113,7 +104,7 @@ def main() -> None:
         rows, double = [], []
         for seed in args.seeds:
             s_t, s_n = isolated(shoal_time, algo, env, target, seed, every, args.threads, same)
-            b_t, b_n = isolated(sb3_time_to, algo, env, target, seed, every, budget, args.threads)
+            b_t, b_n = isolated(sb3_time, algo, env, target, seed, every, budget, args.threads)
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
                   flush=True)

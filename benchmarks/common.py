@@ -65,3 +65,22 @@ def shoal_time_to(config, target: float) -> tuple[float, int]:
         with open(Path(d) / "eval.csv", newline="") as f:
             row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= target)
         return float(row["time/wall_s"]), int(row["env_steps"])
+
+
+def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int) -> tuple[float, int]:
+    """Train the stable-baselines3 model ``build()`` makes for up to ``budget`` env steps, with the
+    evaluation shoal's runs make (every ``eval_every`` steps, 10 deterministic episodes on a 10-env
+    vector env) and stopping at ``target``; return the wall time from building the model to the
+    end of the evaluation that reached it (NaN if none did) and the env steps run."""
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
+
+    start = time.perf_counter()
+    eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
+    stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)
+    callback = EvalCallback(eval_env, callback_on_new_best=stop, eval_freq=eval_every, n_eval_episodes=10,
+                            deterministic=True, verbose=0)
+    model = build()
+    model.learn(budget, callback=callback)
+    solved = callback.best_mean_reward >= target
+    return (time.perf_counter() - start if solved else float("nan")), model.num_timesteps
