@@ -51,7 +51,7 @@ def throughput(algo: str, runners: int, steps: int, **sets) -> dict[str, float]:
 
 def time_to_target(algo: str, runners: int, seed: int) -> tuple[float, int]:
     return shoal_time_to(config_for(algo, runners, seed, stop_return=TARGET, eval_interval=4096, eval_episodes=10),
-                         TARGET)
+                         TARGET)[:2]
 
 
 def main() -> None:

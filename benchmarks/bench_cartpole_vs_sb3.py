@@ -31,7 +31,7 @@ def run_shoal(seed: int) -> tuple[float, int, bool]:
     config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
         "seed": seed, "total_steps": BUDGET, "stop_return": TARGET, "eval_interval": EVAL_EVERY,
         "eval_episodes": EVAL_EPISODES, "progress": False, "tensorboard": False})
-    seconds, steps = shoal_time_to(config, TARGET)
+    seconds, steps = shoal_time_to(config, TARGET)[:2]
     return seconds, steps, seconds == seconds  # NaN when not solved
 
 

@@ -6,9 +6,14 @@ Both sides use rl-baselines3-zoo's LunarLanderContinuous SAC settings (shoal's s
 actions, one update per env step, automatic entropy tuning. Evaluation is the same: every
 --eval-every steps, 10 deterministic episodes on a 10-env vector env, stopping at 200. Time runs
 from building the algorithm to the end of the evaluation that reaches 200 (shoal: `time/wall_s`
-in eval.csv; SB3: until `learn` returns). Each run is a fresh process of its own, one at a time.
+in eval.csv; SB3: a callback after each evaluation). Each run is a fresh process of its own, one
+at a time. The 10 evaluation episodes start from the same seeds at every evaluation, so after
+the stop each final policy also plays --check-episodes deterministic episodes from other seeds
+(untimed): how well it does on starts it was not selected on. Every evaluation of every run goes
+into benchmarks/results/lunar_sac.json, the curves into benchmarks/results/lunar_sac.png.
 
     .venv/bin/python benchmarks/bench_lunar_sac.py [--seeds 0 1 2] [--threads 2] [--max-steps 150000]
+        [--check-episodes 100]
 
 A seed takes shoal 4-10 minutes here; SB3 runs longer.
 """
@@ -19,20 +24,20 @@ import argparse
 
 import torch
 
-from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
+from common import Reached, isolated, machine, median, plot_curves, save, sb3_time_to, shoal_time_to
 
 ENV, TARGET = "LunarLanderContinuous-v3", 200.0
 
 
-def shoal_time(seed: int, eval_every: int, max_steps: int, threads: int) -> tuple[float, int]:
+def shoal_time(seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
     import shoal
 
     return shoal_time_to(shoal.make_config(
         "sac", ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10, total_steps=max_steps,
-        progress=False, tensorboard=False, torch_threads=threads), TARGET)
+        progress=False, tensorboard=False, torch_threads=threads), TARGET, check_episodes)
 
 
-def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int) -> tuple[float, int]:
+def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
@@ -40,7 +45,7 @@ def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int) -> tuple[
                                    ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
                                    learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
                                    device="cpu"),
-                       ENV, TARGET, seed, eval_every, max_steps)
+                       ENV, TARGET, seed, eval_every, max_steps, check_episodes)
 
 
 def main() -> None:
@@ -49,20 +54,34 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=10_000)
     parser.add_argument("--max-steps", type=int, default=150_000, help="give up on a run after this many env steps")
+    parser.add_argument("--check-episodes", type=int, default=100,
+                        help="episodes from unseen seeds each final policy plays after its run (0: none)")
     args = parser.parse_args()
     print(f"machine: {machine()}; torch threads: {args.threads}", flush=True)
-    rows = []
+    rows, runs = [], []
     for seed in args.seeds:
-        s_t, s_n = isolated(shoal_time, seed, args.eval_every, args.max_steps, args.threads)
-        print(f"seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps)", flush=True)
-        b_t, b_n = isolated(sb3_time, seed, args.eval_every, args.max_steps, args.threads)
-        print(f"seed {seed}: SB3   {b_t:6.1f} s ({b_n:,} steps)", flush=True)
-        rows.append((s_t, s_n, b_t, b_n))
+        ours = isolated(shoal_time, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
+        print(f"seed {seed}: shoal {describe(ours)}", flush=True)
+        theirs = isolated(sb3_time, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
+        print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
+        rows.append((ours.seconds, ours.steps, theirs.seconds, theirs.steps, ours.check, theirs.check))
+        runs += [("shoal", seed, ours.curve), ("stable-baselines3", seed, theirs.curve)]
     s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
     print(f"median time to {TARGET:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}; "
-          f"target: shoal <= 360 s (NaN: not reached within --max-steps)")
-    save("lunar_sac", {"threads": args.threads, "eval_every": args.eval_every, "rows": rows,
-                       "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med})
+          "target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
+    save("lunar_sac", {"threads": args.threads, "eval_every": args.eval_every, "check_episodes": args.check_episodes,
+                       "rows (shoal s, steps, SB3 s, steps, shoal check, SB3 check)": rows,
+                       "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,
+                       "curves": [{"framework": f, "seed": seed, "steps_seconds_return": c} for f, seed, c in runs]})
+    print("curves:", plot_curves("lunar_sac", f"SAC on {ENV}, mean return of 10 deterministic episodes", runs,
+                                 TARGET, time_target=360))
+
+
+def describe(run: Reached) -> str:
+    """The time to the target, each evaluation's mean return (with the wall second it ended) and the check."""
+    return (f"{run.seconds:6.1f} s ({run.steps:,} steps); evaluations "
+            + ", ".join(f"{ret:.0f} ({sec:.0f} s)" for _, sec, ret in run.curve)
+            + f"; final policy on unseen seeds {run.check:.1f}")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, t
 
     return shoal_time_to(shoal.make_config(
         algo, env, seed=seed, stop_return=target, eval_interval=eval_every, eval_episodes=10,
-        progress=False, tensorboard=False, torch_threads=threads, **(settings or {})), target)
+        progress=False, tensorboard=False, torch_threads=threads, **(settings or {})), target)[:2]
 
 
 def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
@@ -79,7 +79,7 @@ def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, 
                             learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
                             gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
                             policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu")
-    return sb3_time_to(build, env_id, target, seed, eval_every, budget)
+    return sb3_time_to(build, env_id, target, seed, eval_every, budget)[:2]
 
 
 def main() -> None:

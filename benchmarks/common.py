@@ -8,6 +8,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -39,7 +40,8 @@ def isolated(fn, *args):
 
 
 def median(xs: list[float]) -> float:
-    return statistics.median(xs)
+    """The median, with NaN (a run that never reached its target) counted as slower than any other."""
+    return statistics.median(float("inf") if x != x else x for x in xs)
 
 
 def save(name: str, result: dict) -> Path:
@@ -50,37 +52,112 @@ def save(name: str, result: dict) -> Path:
     return path
 
 
-def shoal_time_to(config, target: float) -> tuple[float, int]:
-    """Train ``config`` (with stop_return set) in a scratch directory; return the wall time and
-    env steps of the first evaluation that reached ``target`` (NaN and the steps run if none)."""
+class Reached(NamedTuple):
+    """A run to a target return: when it got there, and every evaluation on the way."""
+
+    seconds: float
+    """Wall time from the start to the end of the first evaluation at or above the target (NaN if none)."""
+    steps: int
+    """Env steps at that evaluation (the steps run, if none reached it)."""
+    curve: list[tuple[int, float, float]]
+    """(env steps, wall seconds, mean return) of each evaluation."""
+    check: float = float("nan")
+    """Mean return of the final policy on ``check_episodes`` deterministic episodes from other
+    seeds than the evaluations' (NaN when not asked for)."""
+
+
+CHECK_SEED_OFFSET = 2_000_000  # the check's episodes start from seeds no evaluation used
+
+
+def shoal_time_to(config, target: float, check_episodes: int = 0) -> Reached:
+    """Train ``config`` (with stop_return set) in a scratch directory, to the first evaluation
+    that reaches ``target``; then, untimed, play the final policy for ``check_episodes``."""
     import csv
     import tempfile
 
     import shoal
+    from shoal.envs import make_vector_env
+    from shoal.evaluator import run_episodes
 
     with tempfile.TemporaryDirectory() as d:
         summary = shoal.train(config, run_dir=d)
-        if not summary["solved"]:
-            return float("nan"), summary["env_steps"]
         with open(Path(d) / "eval.csv", newline="") as f:
-            row = next(r for r in csv.DictReader(f) if float(r["eval/return_mean"]) >= target)
-        return float(row["time/wall_s"]), int(row["env_steps"])
+            curve = [(int(r["env_steps"]), float(r["time/wall_s"]), float(r["eval/return_mean"]))
+                     for r in csv.DictReader(f)]
+        check = float("nan")
+        if check_episodes:
+            policy = shoal.load_policy(d)  # the newest checkpoint: the run's final weights
+            check = run_episodes(policy.module, make_vector_env(config.env, check_episodes), True,
+                                 config.seed + CHECK_SEED_OFFSET, max_steps=100_000)["eval/return_mean"]
+    if not summary["solved"]:
+        return Reached(float("nan"), summary["env_steps"], curve, check)
+    steps, seconds, _ = next(point for point in curve if point[2] >= target)
+    return Reached(seconds, steps, curve, check)
 
 
-def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int) -> tuple[float, int]:
+def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int,
+                check_episodes: int = 0) -> Reached:
     """Train the stable-baselines3 model ``build()`` makes for up to ``budget`` env steps, with the
     evaluation shoal's runs make (every ``eval_every`` steps, 10 deterministic episodes on a 10-env
-    vector env) and stopping at ``target``; return the wall time from building the model to the
-    end of the evaluation that reached it (NaN if none did) and the env steps run."""
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    vector env), stopping at the first evaluation that reaches ``target``. Time runs from building
+    the model (and its evaluation env) to the end of each evaluation. Then, untimed, the final
+    policy plays ``check_episodes``."""
+    from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.env_util import make_vec_env
+
+    curve: list[tuple[int, float, float]] = []
+
+    class RecordAndStop(BaseCallback):  # EvalCallback calls it after each evaluation; False stops learn()
+        def _on_step(self) -> bool:
+            curve.append((self.num_timesteps, time.perf_counter() - start, float(self.parent.last_mean_reward)))
+            return curve[-1][2] < target
 
     start = time.perf_counter()
     eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
-    stop = StopTrainingOnRewardThreshold(reward_threshold=target, verbose=0)
-    callback = EvalCallback(eval_env, callback_on_new_best=stop, eval_freq=eval_every, n_eval_episodes=10,
+    callback = EvalCallback(eval_env, callback_after_eval=RecordAndStop(), eval_freq=eval_every, n_eval_episodes=10,
                             deterministic=True, verbose=0)
     model = build()
     model.learn(budget, callback=callback)
-    solved = callback.best_mean_reward >= target
-    return (time.perf_counter() - start if solved else float("nan")), model.num_timesteps
+    check = float("nan")
+    if check_episodes:
+        check_env = make_vec_env(env_id, n_envs=min(check_episodes, 10), seed=seed + CHECK_SEED_OFFSET)
+        check = float(evaluate_policy(model, check_env, n_eval_episodes=check_episodes, deterministic=True)[0])
+    reached = [point for point in curve if point[2] >= target]
+    if not reached:
+        return Reached(float("nan"), model.num_timesteps, curve, check)
+    return Reached(reached[0][1], reached[0][0], curve, check)
+
+
+def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int, float, float]]]], target: float,
+                time_target: float | None = None) -> Path:
+    """Write benchmarks/results/NAME.png: mean evaluation return against env steps and against
+    wall time, one line per (framework, seed, (steps, seconds, return) points) in ``runs``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    frameworks = list(dict.fromkeys(run[0] for run in runs))
+    seeds = list(dict.fromkeys(run[1] for run in runs))
+    for framework, seed, curve in runs:
+        steps, seconds, returns = zip(*curve) if curve else ((), (), ())
+        style = {"color": f"C{frameworks.index(framework)}", "ls": ("-", "--", ":", "-.")[seeds.index(seed) % 4]}
+        for ax, x in zip(axes, (steps, seconds)):
+            ax.plot(x, returns, marker="o", ms=3, label=f"{framework}, seed {seed}", **style)
+    for ax, label in zip(axes, ("environment steps", "wall time (s)")):
+        ax.axhline(target, color="grey", lw=0.8)
+        ax.set_xlabel(label)
+        ax.set_ylabel("mean evaluation return")
+        ax.grid(alpha=0.3)
+    if time_target is not None:
+        axes[1].axvline(time_target, color="grey", lw=0.8, ls="--")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
