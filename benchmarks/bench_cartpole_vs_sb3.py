@@ -66,8 +66,9 @@ def main() -> None:
             print(f"{name:6s} seed {seed}: {seconds:6.1f} s, {steps:7,d} steps, solved={solved}", flush=True)
     frameworks = ("shoal", "sb3")
     med = {f: median([r["seconds"] for r in rows if r["framework"] == f]) for f in frameworks}
-    # Steps per wall second up to the solving evaluation: speed apart from how many steps a seed needed.
-    rate = {f: median([r["steps"] / r["seconds"] for r in rows if r["framework"] == f]) for f in frameworks}
+    # Steps per wall second up to the solving evaluation (solved runs): speed apart from how many steps a seed needed.
+    rate = {f: median([r["steps"] / r["seconds"] for r in rows if r["framework"] == f and r["solved"]])
+            for f in frameworks}
     ratio = med["shoal"] / med["sb3"]
     print(f"\nmachine: {machine()}")
     print(f"median time to eval {TARGET:.0f} over {len(args.seeds)} seeds: shoal {med['shoal']:.1f} s, "

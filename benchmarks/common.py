@@ -40,8 +40,9 @@ def isolated(fn, *args):
 
 
 def median(xs: list[float]) -> float:
-    """The median, with NaN (a run that never reached its target) counted as slower than any other."""
-    return statistics.median(float("inf") if x != x else x for x in xs)
+    """The median of times to a target, with NaN (a run that never reached it) counted as slower
+    than any other; NaN for no runs."""
+    return statistics.median(float("inf") if x != x else x for x in xs) if xs else float("nan")
 
 
 def save(name: str, result: dict) -> Path:
