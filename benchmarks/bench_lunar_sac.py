@@ -7,9 +7,10 @@ actions, one update per env step, automatic entropy tuning. Evaluation is the sa
 --eval-every steps, 10 deterministic episodes on a 10-env vector env, stopping at 200. Time runs
 from building the algorithm to the end of the evaluation that reaches 200 (shoal: `time/wall_s`
 in eval.csv; SB3: a callback after each evaluation). Each run is a fresh process of its own, one
-at a time. The 10 evaluation episodes start from the same seeds at every evaluation, so after
-the stop each final policy also plays --check-episodes deterministic episodes from other seeds
-(untimed): how well it does on starts it was not selected on. Every evaluation of every run goes
+at a time. A run stops on one 10-episode sample (shoal's evaluations start from the same seeds
+each time, SB3's from new ones), so after the stop each final policy also plays --check-episodes
+deterministic episodes from seeds no evaluation used (untimed): how well it does on starts it was
+not picked on. Every evaluation of every run goes
 into benchmarks/results/lunar_sac.json, the curves into benchmarks/results/lunar_sac.png.
 
     .venv/bin/python benchmarks/bench_lunar_sac.py [--seeds 0 1 2] [--threads 2] [--max-steps 150000]
@@ -64,13 +65,14 @@ def main() -> None:
         print(f"seed {seed}: shoal {describe(ours)}", flush=True)
         theirs = isolated(sb3_time, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
         print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
-        rows.append((ours.seconds, ours.steps, theirs.seconds, theirs.steps, ours.check, theirs.check))
+        rows.append({"seed": seed, "shoal_s": ours.seconds, "shoal_steps": ours.steps, "sb3_s": theirs.seconds,
+                     "sb3_steps": theirs.steps, "shoal_check": ours.check, "sb3_check": theirs.check})
         runs += [("shoal", seed, ours.curve), ("stable-baselines3", seed, theirs.curve)]
-    s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
+    s_med, b_med = median([r["shoal_s"] for r in rows]), median([r["sb3_s"] for r in rows])
     print(f"median time to {TARGET:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}; "
           "target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
     save("lunar_sac", {"threads": args.threads, "eval_every": args.eval_every, "check_episodes": args.check_episodes,
-                       "rows (shoal s, steps, SB3 s, steps, shoal check, SB3 check)": rows,
+                       "rows": rows,
                        "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,
                        "curves": [{"framework": f, "seed": seed, "steps_seconds_return": c} for f, seed, c in runs]})
     print("curves:", plot_curves("lunar_sac", f"SAC on {ENV}, mean return of 10 deterministic episodes", runs,
