@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.text import Text
 
 from shoal import checkpoint as ckpt
 from shoal.algorithm import Algorithm, config_from_dict
@@ -46,13 +48,20 @@ def _sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+class _StepRate(ProgressColumn):
+    """Env steps per second over the last ~10 s of wall time: rich's own estimate, the one its ETA uses."""
+
+    def render(self, task: Task) -> Text:
+        return Text("     -/s" if task.speed is None else f"{task.speed:>6,.0f}/s")
+
+
 def _progress(enabled: bool, console: Console) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
-        TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps {task.fields[sps]:>6,.0f}/s"),
+        TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"), _StepRate(),
         TextColumn("return {task.fields[ret]} eval {task.fields[eval]}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-        console=console, disable=not enabled, refresh_per_second=4)
+        console=console, disable=not enabled, refresh_per_second=4, speed_estimate_period=10)
 
 
 def _best_eval(run: RunDir) -> float:
@@ -111,10 +120,9 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     run.mark_live(algo.backend.live_store())
     try:
         with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
-            task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, sps=0.0, ret="-", eval="-")
+            task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             while algo.env_steps < c.total_steps and not solved:
                 metrics = algo.train()
-                sps = rate(metrics)
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
                     log(metrics)
@@ -130,7 +138,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
                 ret = metrics.get("episode/return_mean")
-                bar.update(task, completed=min(algo.env_steps, c.total_steps), sps=sps,
+                bar.update(task, completed=min(algo.env_steps, c.total_steps),
                            ret="-" if ret is None else f"{ret:.1f}",
                            eval="-" if evaluation is None else f"{evaluation['eval/return_mean']:.1f}")
             if unlogged is not None:  # the last iteration always has its row
