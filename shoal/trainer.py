@@ -86,15 +86,12 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     logged = (algo.env_steps, algo.elapsed_s)  # env steps and training seconds at the last row
     unlogged: dict[str, Any] | None = None  # the newest iteration's metrics, if not written yet
 
-    def rate(metrics: dict[str, Any]) -> float:
-        """Env steps per second since the last row (over every iteration a row stands for)."""
-        steps, seconds = metrics["env_steps"] - logged[0], metrics["time/elapsed_s"] - logged[1]
-        return steps / seconds if seconds > 0 else metrics["time/env_steps_per_s"]
-
     def log(metrics: dict[str, Any]) -> None:
-        """Write the row."""
+        """Write the row, its env steps per second taken since the row before (over every
+        iteration this row stands for)."""
         nonlocal logged, unlogged
-        run.log({**metrics, "time/env_steps_per_s": rate(metrics)})
+        steps, seconds = metrics["env_steps"] - logged[0], metrics["time/elapsed_s"] - logged[1]
+        run.log({**metrics, "time/env_steps_per_s": steps / seconds} if seconds > 0 else metrics)
         logged, unlogged = (metrics["env_steps"], metrics["time/elapsed_s"]), None
 
     def save() -> Path:
