@@ -7,8 +7,10 @@ import sys
 import pytest
 import yaml
 
+from shoal.algos import ALGOS
 from shoal.cli import main
-from shoal.config import build, parse_set
+from shoal.config import build, parse_set, preset, preset_envs
+from shoal.envs import env_spaces
 from shoal.algos.ppo import PPOConfig
 from shoal.errors import ConfigError
 
@@ -118,6 +120,19 @@ def test_make_config_layers_the_preset_as_the_command_does():
     assert shoal.DQNConfig(env="CartPole-v1").target_update_interval == 1000  # the class alone: its defaults
     with pytest.raises(ConfigError, match="make_config: unknown setting 'lrr' \\(did you mean lr\\?\\)"):
         shoal.make_config("dqn", "CartPole-v1", lrr=1e-3)
+
+
+@pytest.mark.parametrize("algo,env", [(a, e) for a in sorted(ALGOS) for e in preset_envs(a)])
+def test_every_shipped_preset_builds_its_algorithm_on_its_env(algo, env):
+    """Each preset's keys are settings of its algorithm, its env id is registered, and the
+    algorithm's policy accepts the env's spaces (a preset for the wrong action space fails here)."""
+    import shoal
+
+    assert preset(algo, env), f"{algo}'s preset for {env} is empty"
+    config = shoal.make_config(algo, env)
+    spec = ALGOS[algo]
+    policy = spec.make_policy(config, *env_spaces(env))
+    assert sum(p.numel() for p in policy.parameters()) > 0
 
 
 def test_several_env_servers_as_a_list_in_the_python_api():

@@ -128,7 +128,7 @@ def test_training_goes_on_through_an_env_server_restart(tmp_path):
 # -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
 PLAN = {
     "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
-    "1010": ["hang@150:60"],  # seed 10: runner 0's first env stalls at step 150 (and is killed then)
+    "1010": ["hang@150:180"],  # seed 10: runner 0's first env stalls for 3 minutes at step 150 (and is killed then)
     "2020": ["hang@100:120"],  # seed 20: runner 1's first env stalls for two minutes at step 100
     "1030": ["exit@200"],  # seed 30: runner 0's first env kills its process at step 200 (APPO)
 }
@@ -178,8 +178,11 @@ def test_a_runner_killed_mid_iteration_is_replaced(faulty_ray):
         start = time.monotonic()
         metrics = algo.train()  # completes with runner 1's rollout
         killer.join()
-        # it did not wait out the stall: the replacement started, the other runner's data was used
-        assert time.monotonic() - start < 30 and metrics["faults/runner_restarts"] == 1
+        # it did not wait out the 180 s stall: the replacement started, the other runner's data was
+        # used. The bound leaves room for a new actor's start on a loaded 2-core machine (the whole
+        # test takes 14 s alone; it failed once under a 30 s bound, with a training run beside the
+        # full suite).
+        assert time.monotonic() - start < 90 and metrics["faults/runner_restarts"] == 1
         assert algo.runners[0] is not victim
         assert solve(algo) >= 475
         assert algo.fault_metrics()["faults/runner_restarts"] == 1
