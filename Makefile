@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # machines, and a looser resolution downloads gigabytes of CUDA packages.
 TORCH := torch==2.13.0
 
-.PHONY: install install-dev install-bench demo test test-slow bench proto clean
+.PHONY: install install-dev install-bench demo test test-slow bench bench-rllib proto clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,9 +36,20 @@ test-slow: install-dev
 bench: install-bench
 	$(BIN)/python benchmarks/run_all.py
 
+# RLlib against shoal (benchmarks/bench_rllib.py). RLlib pins gymnasium 1.2.2, so it gets a
+# virtual environment of its own, with shoal's Ray version and the same torch.
+RLLIB_VENV := .venv-rllib
+$(RLLIB_VENV)/bin/python:
+	$(PY) -m venv $(RLLIB_VENV)
+	$(RLLIB_VENV)/bin/pip install -q --upgrade pip
+	$(RLLIB_VENV)/bin/pip install -q $(TORCH) 'ray[rllib]==2.60.0'
+
+bench-rllib: install $(RLLIB_VENV)/bin/python
+	$(BIN)/python benchmarks/bench_rllib.py
+
 # Regenerate the Python messages from proto/shoal.proto (committed; needs the dev extra).
 proto: install-dev
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=shoal/remote --pyi_out=shoal/remote proto/shoal.proto
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) $(RLLIB_VENV) runs build *.egg-info
