@@ -39,10 +39,11 @@ bench: install-bench
 # RLlib against shoal (benchmarks/bench_rllib.py). RLlib pins gymnasium 1.2.2, so it gets a
 # virtual environment of its own, with shoal's Ray version and the same torch.
 RLLIB_VENV := .venv-rllib
+RAY_VERSION := $(shell sed -n 's/.*"ray==\([0-9.]*\)".*/\1/p' pyproject.toml)
 $(RLLIB_VENV)/bin/python:
 	$(PY) -m venv $(RLLIB_VENV)
 	$(RLLIB_VENV)/bin/pip install -q --upgrade pip
-	$(RLLIB_VENV)/bin/pip install -q $(TORCH) 'ray[rllib]==2.60.0'
+	$(RLLIB_VENV)/bin/pip install -q $(TORCH) 'ray[rllib]==$(RAY_VERSION)'
 
 bench-rllib: install $(RLLIB_VENV)/bin/python
 	$(BIN)/python benchmarks/bench_rllib.py
