@@ -61,8 +61,9 @@ RUNNERS = 2  # PPO's env runner actors on both sides
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes start from other seeds than training's
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ("shoal", "rllib_tuned", "rllib_shoal")  # the three configurations, in the order they run
-# algorithm: (env, target, env-step budget, evaluate every, shoal's eval_interval)
-TASKS = {"ppo": ("CartPole-v1", 475.0, 300_000, 4000, 4096), "sac": ("Pendulum-v1", -200.0, 20_000, 2000, 2000)}
+# algorithm: (env, target, env-step budget, evaluate every, shoal's eval_interval). The budgets are
+# shoal's presets' total_steps, over which its learning rate (and PPO's clip range) decay.
+TASKS = {"ppo": ("CartPole-v1", 475.0, 100_000, 4000, 4096), "sac": ("Pendulum-v1", -200.0, 20_000, 2000, 2000)}
 MAX_SECONDS = 900.0  # an RLlib run that has not reached the target after this long counts as not reaching it
 
 
@@ -111,7 +112,7 @@ def rllib_config(algo: str, settings: str, seed: int):
         return (config.env_runners(num_env_runners=RUNNERS, num_envs_per_env_runner=8, rollout_fragment_length=32)
                 .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64], fcnet_activation="tanh",
                                                            vf_share_layers=False))
-                .training(gamma=0.98, lambda_=0.8, lr=[[0, 1e-3], [100_000, 0.0]], train_batch_size_per_learner=512,
+                .training(gamma=0.98, lambda_=0.8, lr=[[0, 1e-3], [TASKS['ppo'][2], 0.0]], train_batch_size_per_learner=512,
                           minibatch_size=256, num_epochs=20, clip_param=0.2, entropy_coeff=0.0, vf_loss_coeff=0.5,
                           vf_clip_param=float("inf"), grad_clip=0.5, use_kl_loss=False))
     from ray.rllib.algorithms.sac import SACConfig
