@@ -55,7 +55,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import isolated, machine, median, save, shoal_time_to
+from common import Reached, isolated, machine, median, save, shoal_time_to
 
 RUNNERS = 2  # PPO's env runner actors on both sides
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes start from other seeds than training's
@@ -75,8 +75,7 @@ def run_shoal(algo: str, seed: int) -> dict:
     placement = {"backend": "ray", "num_env_runners": RUNNERS} if algo == "ppo" else {}
     config = shoal.make_config(algo, env, seed=seed, stop_return=target, total_steps=budget, eval_interval=eval_interval,
                                eval_episodes=10, progress=False, tensorboard=False, **placement)
-    reached = shoal_time_to(config, target)
-    return {"seconds": reached.seconds, "steps": reached.steps, "curve": reached.curve}
+    return shoal_time_to(config, target)._asdict()
 
 
 def play(env: str, act, seed: int) -> float:
@@ -170,8 +169,7 @@ def run_rllib(algo: str, seed: int, settings: str) -> dict:
     finally:
         rllib.stop()
         ray.shutdown()
-    hit = next((p for p in curve if p[2] >= target), None)
-    return {"seconds": hit[1] if hit else float("nan"), "steps": hit[0] if hit else steps, "curve": curve}
+    return Reached.first(curve, target, steps)._asdict()
 
 
 def rllib_in_its_venv(python: str, algo: str, seed: int, settings: str) -> dict:

@@ -66,6 +66,16 @@ class Reached(NamedTuple):
     """Mean return of the final policy on ``check_episodes`` deterministic episodes from other
     seeds than the evaluations' (NaN when not asked for)."""
 
+    @classmethod
+    def first(cls, curve: list[tuple[int, float, float]], target: float, steps_run: int,
+              check: float = float("nan")) -> Reached:
+        """The run's first evaluation at or above ``target`` in ``curve`` (NaN seconds and the
+        ``steps_run`` if none)."""
+        hit = next((point for point in curve if point[2] >= target), None)
+        if hit is None:
+            return cls(float("nan"), steps_run, curve, check)
+        return cls(hit[1], hit[0], curve, check)
+
 
 CHECK_SEED_OFFSET = 2_000_000  # the check's episodes start from seeds no evaluation used
 
@@ -90,10 +100,7 @@ def shoal_time_to(config, target: float, check_episodes: int = 0) -> Reached:
             policy = shoal.load_policy(d)  # the newest checkpoint: the run's final weights
             check = run_episodes(policy.module, make_vector_env(config.env, check_episodes), True,
                                  config.seed + CHECK_SEED_OFFSET, max_steps=100_000)["eval/return_mean"]
-    if not summary["solved"]:
-        return Reached(float("nan"), summary["env_steps"], curve, check)
-    steps, seconds, _ = next(point for point in curve if point[2] >= target)
-    return Reached(seconds, steps, curve, check)
+    return Reached.first(curve, target, summary["env_steps"], check)
 
 
 def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int,
@@ -124,10 +131,7 @@ def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, b
     if check_episodes:
         check_env = make_vec_env(env_id, n_envs=min(check_episodes, 10), seed=seed + CHECK_SEED_OFFSET)
         check = float(evaluate_policy(model, check_env, n_eval_episodes=check_episodes, deterministic=True)[0])
-    reached = [point for point in curve if point[2] >= target]
-    if not reached:
-        return Reached(float("nan"), model.num_timesteps, curve, check)
-    return Reached(reached[0][1], reached[0][0], curve, check)
+    return Reached.first(curve, target, model.num_timesteps, check)
 
 
 def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int, float, float]]]], target: float,
