@@ -138,12 +138,9 @@ def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int
                 time_target: float | None = None) -> Path:
     """Write benchmarks/results/NAME.png: mean evaluation return against env steps and against
     wall time, one line per (framework, seed, (steps, seconds, return) points) in ``runs``."""
-    import matplotlib
+    from shoal.plot import save_figure, steps_and_time_axes
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = steps_and_time_axes("mean evaluation return")
     frameworks = list(dict.fromkeys(run[0] for run in runs))
     seeds = list(dict.fromkeys(run[1] for run in runs))
     for framework, seed, curve in runs:
@@ -151,18 +148,11 @@ def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int
         style = {"color": f"C{frameworks.index(framework)}", "ls": ("-", "--", ":", "-.")[seeds.index(seed) % 4]}
         for ax, x in zip(axes, (steps, seconds)):
             ax.plot(x, returns, marker="o", ms=3, label=f"{framework}, seed {seed}", **style)
-    for ax, label in zip(axes, ("environment steps", "wall time (s)")):
+    for ax in axes:
         ax.axhline(target, color="grey", lw=0.8)
-        ax.set_xlabel(label)
-        ax.set_ylabel("mean evaluation return")
-        ax.grid(alpha=0.3)
     if time_target is not None:
         axes[1].axvline(time_target, color="grey", lw=0.8, ls="--")
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, RESULTS / f"{name}.png", dpi=100)

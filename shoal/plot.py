@@ -16,14 +16,38 @@ def _read(path: Path, x: str, y: str) -> tuple[list[float], list[float]]:
     return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
-    """Write a PNG with return vs env steps and vs wall time for each run; returns its path."""
+def steps_and_time_axes(ylabel: str):
+    """A figure of two panels, ``ylabel`` against environment steps and against wall time (the
+    layout of every learning curve shoal and its benchmarks draw): (figure, (steps_ax, time_ax))."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, label in zip(axes, ("environment steps", "wall time (s)")):
+        ax.set_xlabel(label)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
+    """Write ``fig`` to ``out`` through a temporary file (never a half-written PNG), then close it."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.stem}.tmp.png")
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Write a PNG with return vs env steps and vs wall time for each run; returns its path."""
+    fig, axes = steps_and_time_axes("episode return")
     plotted = False
     for i, run in enumerate(map(Path, run_dirs)):
         if not (run / "progress.csv").exists():
@@ -38,16 +62,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
                 ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=f"{run.name} (eval)")
             plotted = plotted or bool(tx or ex)
     if not plotted:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
         raise ShoalError("nothing to plot yet: the runs have no episodes logged")
-    for ax, label in zip(axes, ("environment steps", "wall time (s)")):
-        ax.set_xlabel(label)
-        ax.set_ylabel("episode return")
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    tmp = out.with_name(f".{out.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save_figure(fig, out)
