@@ -20,7 +20,11 @@ from shoal.runner import Rollout
 
 
 class Transitions(NamedTuple):
-    """A sampled batch. Shapes in brackets."""
+    """A sampled batch. Shapes in brackets. The learner's batches hold tensors; batches in transit
+    from a shard (:meth:`ReplayBuffer.sample_ready`) hold NumPy arrays, which Ray sends as
+    out-of-band buffers, where a torch tensor goes through torch's own pickling: in an Ape-X DQN
+    run on the ray backend that was ~15% of each shard's time and ~13% of the learner's, and
+    sending arrays took the learner's 50 updates from 0.45 s to 0.28 s (BENCHMARKS.md)."""
 
     obs: Tensor  # [N, obs_dim]
     actions: Tensor  # [N] (discrete) or [N, act_dim]
@@ -29,6 +33,12 @@ class Transitions(NamedTuple):
     discounts: Tensor  # [N] gamma^k, or 0 after termination
     weights: Tensor  # [N] importance-sampling weights (1 when uniform)
     indices: np.ndarray  # [N] storage slots, for priority updates
+
+    def as_tensors(self) -> Transitions:
+        """The batch with NumPy columns wrapped as tensors (no copy, unless an array arrived
+        read-only, as Ray's deserialised arrays do)."""
+        wrap = lambda a: a if isinstance(a, Tensor) else torch.from_numpy(a if a.flags.writeable else a.copy())  # noqa: E731
+        return Transitions(*(wrap(a) for a in self[:6]), self.indices)
 
 
 class SumTree:
@@ -213,9 +223,11 @@ class ReplayBuffer:
         return self.limiter.can_sample(batch_size)
 
     def sample(self, batch_size: int, beta: float = 0.4) -> Transitions:
-        """Draw a batch; prioritised buffers also return importance weights (eq. in Sec. 3.4)."""
-        if self.tree is None:
-            return self._uniform(batch_size, 1)[0]
+        """Draw a batch of tensors; prioritised buffers also return importance weights (eq. in Sec. 3.4)."""
+        return (self._uniform(batch_size, 1)[0] if self.tree is None else self._prioritized(batch_size, beta)).as_tensors()
+
+    def _prioritized(self, batch_size: int, beta: float) -> Transitions:
+        """A prioritised batch of NumPy arrays."""
         # Stratified: one draw in each of batch_size equal slices of the total priority.
         total = self.tree.total
         bounds = np.arange(batch_size) * (total / batch_size)
@@ -225,16 +237,16 @@ class ReplayBuffer:
         weights = (self.size * probs) ** (-beta)
         weights = (weights / weights.max()).astype(np.float32)
         self.limiter.samples += batch_size
-        t = torch.as_tensor
-        return Transitions(t(self.obs[idx]), t(self.actions[idx]), t(self.rewards[idx]), t(self.next_obs[idx]),
-                           t(self.discounts[idx]), t(weights), idx)
+        return Transitions(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx],
+                           self.discounts[idx], weights, idx)
 
     def can_insert(self, n: int) -> bool:
         """Whether the rate limiter lets writers add ``n`` more transitions now."""
         return self.limiter.can_insert(n)
 
     def sample_ready(self, batch_size: int, beta: float = 0.4, count: int = 1) -> list[Transitions]:
-        """Up to ``count`` batches that the rate limiter allows now (one call for remote shards).
+        """Up to ``count`` batches that the rate limiter allows now (one call for remote shards),
+        as NumPy arrays (:meth:`Transitions.as_tensors` makes them the learner's tensors).
 
         Uniform batches are drawn together: one draw of indices and one gather per column,
         split into views. Between gradient updates a lone batch cost ~95 us against ~27 us each
@@ -245,7 +257,7 @@ class ReplayBuffer:
         if self.tree is not None:
             out = []
             while len(out) < count and self.can_sample(batch_size):
-                out.append(self.sample(batch_size, beta))
+                out.append(self._prioritized(batch_size, beta))
             return out
         row_bytes = 2 * self.obs.itemsize * self.obs.shape[1] + self.actions[:1].nbytes + 8
         count = min(count, max(1, self.GATHER_BYTES // (batch_size * row_bytes)))
@@ -255,16 +267,15 @@ class ReplayBuffer:
         return self._uniform(batch_size, k) if k else []
 
     def _uniform(self, batch_size: int, k: int) -> list[Transitions]:
-        """``k`` uniform batches from one draw of indices and one gather per column; the rate
-        limiter is charged for them."""
+        """``k`` uniform batches (NumPy arrays) from one draw of indices and one gather per column;
+        the rate limiter is charged for them."""
         idx = self.rng.integers(0, self.size, k * batch_size)
         self.limiter.samples += k * batch_size
         columns = [a[idx] for a in (self.obs, self.actions, self.rewards, self.next_obs, self.discounts)]
-        weights = torch.ones(batch_size)
-        # Each batch's tensors wrap its own rows of the gathered arrays (torch.from_numpy of a
-        # view): sent to a remote learner, a batch pickles its rows only, where a view of one
-        # big tensor would carry the whole gather with it.
-        return [Transitions(*(torch.from_numpy(c[i * batch_size:(i + 1) * batch_size]) for c in columns), weights,
+        weights = np.ones(batch_size, np.float32)
+        # Each batch is views of its own rows of the gathered arrays: sent to a remote learner
+        # it pickles those rows only.
+        return [Transitions(*(c[i * batch_size:(i + 1) * batch_size] for c in columns), weights,
                             idx[i * batch_size:(i + 1) * batch_size]) for i in range(k)]
 
     def update_priorities(self, idx: np.ndarray, td_errors: np.ndarray) -> None:
@@ -328,7 +339,10 @@ class ShardedReplay:
             i, self.turn = self.turn, (self.turn + 1) % len(self.shards)
             shard = self.shards[i]
             self.ready.extend((i, b) for b in shard.resolve(shard.call("sample_ready", batch_size, beta, self.prefetch)))
-        return self.ready.popleft() if self.ready else None
+        if not self.ready:
+            return None
+        i, batch = self.ready.popleft()
+        return i, batch.as_tensors()
 
     def update_priorities(self, shard: int, idx: np.ndarray, td_errors: np.ndarray) -> None:
         """Send new priorities to the shard a batch came from (without waiting)."""

@@ -4,6 +4,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch
 
 from shoal.replay import RateLimiter, ReplayBuffer, SumTree
 from shoal.runner import Rollout
@@ -145,11 +146,11 @@ def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(
         allowed = max(0, int((inserted * 0.5 - 5 + 4) // 4)) if inserted >= 10 else 0  # by hand
         assert len(batches) == one_by_one == min(count, allowed)
         assert buf.limiter.samples == samples + 4 * len(batches)
-        for b in batches:
-            rows = b.actions.numpy()
-            np.testing.assert_array_equal(b.obs.numpy(), obs[rows])
-            np.testing.assert_array_equal(b.next_obs.numpy(), obs[rows] + 1)
-            np.testing.assert_array_equal(b.rewards.numpy(), rows.astype(np.float32))
+        for b in batches:  # NumPy arrays, as they travel from a shard
+            rows = b.actions
+            np.testing.assert_array_equal(b.obs, obs[rows])
+            np.testing.assert_array_equal(b.next_obs, obs[rows] + 1)
+            np.testing.assert_array_equal(b.rewards, rows.astype(np.float32))
             np.testing.assert_array_equal(b.indices, rows)
             assert b.obs.shape == (4, 2) and b.weights.shape == (4,)
         assert len(buf.sample_ready(4, count=count)) == min(count, allowed - len(batches))  # the rest
@@ -165,3 +166,37 @@ def test_a_batch_drawn_with_others_pickles_its_own_rows_only():
     alone = len(pickle.dumps(buf.sample(32)))  # ~65 KB of observations
     assert len(batches) == 8 and len(pickle.dumps(batches[3])) < 1.1 * alone
     assert len(pickle.dumps(batches)) < 8.5 * alone
+
+
+def test_batches_travel_as_arrays_and_reach_the_learner_as_tensors():
+    """A shard hands out NumPy arrays (Ray sends them out-of-band; tensors go through torch's
+    pickling); the learner's view of the shards wraps them as tensors."""
+    from shoal.backends import LocalHandle
+    from shoal.replay import ShardedReplay
+
+    for prioritized in (False, True):
+        buf = ReplayBuffer(64, 1, (), np.int64, gamma=0.9, prioritized=prioritized, seed=3)
+        buf.add(np.arange(64, dtype=np.float32)[:, None], np.arange(64), np.zeros(64, np.float32),
+                np.zeros((64, 1), np.float32), np.ones(64, np.float32))
+        sent = buf.sample_ready(4, count=2)
+        assert all(isinstance(a, np.ndarray) for b in sent for a in b)
+        _, batch = ShardedReplay([LocalHandle(buf)], prefetch=2).sample(4, 0.4)
+        assert all(isinstance(a, torch.Tensor) for a in batch[:6]) and isinstance(batch.indices, np.ndarray)
+        np.testing.assert_array_equal(batch.obs[:, 0].numpy(), batch.indices)
+        assert batch.weights.dtype == torch.float32 and len(pickle.dumps(sent[0])) < 1000
+
+
+def test_read_only_arrays_become_writable_tensors():
+    """Ray hands a batch's arrays over read-only; the learner's tensors must not share them."""
+    import warnings
+
+    from shoal.replay import Transitions
+
+    arrays = [np.ones((2, 3), np.float32), np.zeros(2, np.int64), *(np.ones(2, np.float32) for _ in range(4))]
+    for a in arrays[:3]:
+        a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it wraps a read-only array
+        batch = Transitions(*arrays, np.arange(2)).as_tensors()
+    batch.obs.add_(1)
+    assert float(batch.obs.sum()) == 12 and float(arrays[0].sum()) == 6
