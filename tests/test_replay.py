@@ -183,7 +183,7 @@ def test_batches_travel_as_arrays_and_reach_the_learner_as_tensors():
         _, batch = ShardedReplay([LocalHandle(buf)], prefetch=2).sample(4, 0.4)
         assert all(isinstance(a, torch.Tensor) for a in batch[:6]) and isinstance(batch.indices, np.ndarray)
         np.testing.assert_array_equal(batch.obs[:, 0].numpy(), batch.indices)
-        assert batch.weights.dtype == torch.float32 and len(pickle.dumps(sent[0])) < 1000
+        assert batch.weights.dtype == torch.float32
 
 
 def test_read_only_arrays_become_writable_tensors():
