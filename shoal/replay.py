@@ -35,10 +35,9 @@ class Transitions(NamedTuple):
     indices: np.ndarray  # [N] storage slots, for priority updates
 
     def as_tensors(self) -> Transitions:
-        """The batch with NumPy columns wrapped as tensors (no copy, unless an array arrived
+        """A batch of NumPy columns with them wrapped as tensors (no copy, unless an array arrived
         read-only, as Ray's deserialised arrays do)."""
-        wrap = lambda a: a if isinstance(a, Tensor) else torch.from_numpy(a if a.flags.writeable else a.copy())  # noqa: E731
-        return Transitions(*(wrap(a) for a in self[:6]), self.indices)
+        return Transitions(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self[:6]), self.indices)
 
 
 class SumTree:
