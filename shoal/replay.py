@@ -9,6 +9,7 @@ from its true final observation.
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -99,9 +100,16 @@ class RateLimiter:
             return False
         return self.spi is None or self._diff() - n >= self.spi * self.min_size - self.error_buffer
 
+    def room(self) -> int:
+        """How many items may be inserted now: the most n with diff + n * spi <= spi * min_size +
+        error_buffer (before the first sample, that is min_size plus the error buffer's worth)."""
+        if self.spi is None:
+            return sys.maxsize
+        return max(0, math.floor((self.spi * self.min_size + self.error_buffer - self._diff()) / self.spi))
+
     def can_insert(self, n: int) -> bool:
         """Whether adding ``n`` more items keeps the ratio within the error buffer."""
-        return self.spi is None or self._diff() + n * self.spi <= self.spi * self.min_size + self.error_buffer
+        return n <= self.room()
 
 
 class NStep:
@@ -242,6 +250,10 @@ class ReplayBuffer:
     def can_insert(self, n: int) -> bool:
         """Whether the rate limiter lets writers add ``n`` more transitions now."""
         return self.limiter.can_insert(n)
+
+    def insert_room(self) -> int:
+        """How many transitions the rate limiter lets writers add now."""
+        return self.limiter.room()
 
     def sample_ready(self, batch_size: int, beta: float = 0.4, count: int = 1) -> list[Transitions]:
         """Up to ``count`` batches that the rate limiter allows now (one call for remote shards),

@@ -56,6 +56,8 @@ class RolloutSummary(NamedTuple):
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
+    WARMUP_ROLLOUT_STEPS = 256  # Ape-X: the longest rollout while the policy acts at random
+
     def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None,
                  incarnation: int = 0):
         from shoal.algos import spec_for
@@ -94,12 +96,16 @@ class EnvRunner:
                 self.policy.apply_ladder(self.runner_id, self.config.num_env_runners)
         return self.version
 
-    @torch.no_grad()
     def sample(self, num_steps: int) -> Rollout:
         """Step every env ``num_steps`` times with the newest weights; return the rollout."""
-        central = self.inference is not None
-        if not central:
+        if self.inference is None:
             self.sync_weights()
+        return self._rollout(num_steps)
+
+    @torch.no_grad()
+    def _rollout(self, num_steps: int) -> Rollout:
+        """Step every env ``num_steps`` times with the weights held now (or the inference server's)."""
+        central = self.inference is not None
         versions: list[int] = []
         m, env, B = self.policy, self.env, self.env.num_envs
         obs_dim = int(np.prod(env.single_observation_space.shape))
@@ -199,14 +205,23 @@ class EnvRunner:
         on this runner (a checkpoint asks for its state) while the learner waits on the driver.
         Each look at the limiter is a call to the shard, so the pauses between looks grow from
         2 ms to 16 ms (polling every 2 ms cost the runners and the shard ~25% of a core more).
+
+        While the policy still acts uniformly at random (before ``learning_starts``), its weights
+        do not matter: the rollout then fills as much of the limiter's room as it may, up to
+        ``WARMUP_ROLLOUT_STEPS`` steps, instead of paying these calls every ``num_steps`` steps
+        (SAC's 10k random steps on LunarLanderContinuous took 88 s in 1-step rollouts).
         """
+        B = self.env.num_envs
         deadline, pause = time.monotonic() + max_wait_s, 0.002
-        while not self.replay.resolve(self.replay.call("can_insert", num_steps * self.env.num_envs)):
+        while (room := self.replay.resolve(self.replay.call("insert_room"))) < num_steps * B:
             if time.monotonic() > deadline:
                 return RolloutSummary(0, [], [], self.version)
             time.sleep(pause)
             pause = min(2 * pause, 0.016)
-        r = self.sample(num_steps)
+        self.sync_weights()
+        if bool(self.policy.random_actions):
+            num_steps = max(num_steps, min(self.WARMUP_ROLLOUT_STEPS, room // B))
+        r = self._rollout(num_steps)
         batch = self.nstep(r)
         priorities = None
         if self.config.prioritized:

@@ -215,8 +215,23 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         eps = [float(r.obj.policy.epsilon) for r in algo.runners]
         assert eps == pytest.approx([0.4, 0.4 ** 4.5, 0.4 ** 8])
         shards = algo.learner.obj.replay.shards
-        assert [s.obj.stored() for s in shards] == [64, 64, 64]  # runner i -> shard i
+        stored = [s.obj.stored() for s in shards]
+        assert stored[0] > 0 and stored == [stored[0]] * 3  # runner i -> shard i
         assert metrics["learner/updates"] > 0
+
+
+def test_apex_runners_fill_the_limiters_room_in_long_rollouts_while_acting_at_random():
+    """Before learning starts an Ape-X runner's weights do not matter, so it inserts as much as
+    the rate limiter allows (up to 256 steps a rollout), then goes back to rollout_steps."""
+    config = DQNConfig(env="CartPole-v1", apex=True, num_env_runners=1, num_envs_per_runner=1, rollout_steps=1,
+                       learning_starts=1000, batch_size=32, hidden_sizes=(16,), torch_threads=1, progress=False,
+                       tensorboard=False)
+    with shoal.make(config) as algo:
+        steps = [algo.train()["env_steps"] for _ in range(7)]
+        # The limiter lets 1000 transitions in, plus its error buffer: 2 rollouts' worth of
+        # samples (2 * 32 items), i.e. 2 transitions at 32 samples per insert.
+        assert np.diff([0, *steps]).tolist() == [256, 256, 256, 234, 1, 1, 1]
+        assert not bool(algo.runners[0].obj.policy.random_actions)
 
 
 def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
