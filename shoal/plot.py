@@ -47,24 +47,22 @@ def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Write a PNG with return vs env steps and vs wall time for each run; returns its path."""
-    fig, axes = steps_and_time_axes("episode return")
-    plotted = False
+    # (run index, panel, run, training curve, evaluation curve), all read before a figure exists
+    curves = []
     for i, run in enumerate(map(Path, run_dirs)):
         if not (run / "progress.csv").exists():
             raise ShoalError(f"{run} has no progress.csv: is it a shoal run directory?")
-        color = f"C{i % 10}"
-        for ax, x in zip(axes, ("env_steps", "time/wall_s")):
-            tx, ty = _read(run / "progress.csv", x, "episode/return_mean")
-            ex, ey = _read(run / "eval.csv", x, "eval/return_mean")
-            if tx:
-                ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=f"{run.name} (train, last 100 episodes)")
-            if ex:
-                ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=f"{run.name} (eval)")
-            plotted = plotted or bool(tx or ex)
-    if not plotted:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+        for panel, x in enumerate(("env_steps", "time/wall_s")):
+            curves.append((i, panel, run, _read(run / "progress.csv", x, "episode/return_mean"),
+                           _read(run / "eval.csv", x, "eval/return_mean")))
+    if not any(train[0] or evals[0] for *_, train, evals in curves):
         raise ShoalError("nothing to plot yet: the runs have no episodes logged")
+    fig, axes = steps_and_time_axes("episode return")
+    for i, panel, run, (tx, ty), (ex, ey) in curves:
+        ax, color = axes[panel], f"C{i % 10}"
+        if tx:
+            ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=f"{run.name} (train, last 100 episodes)")
+        if ex:
+            ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=f"{run.name} (eval)")
     axes[0].legend(fontsize=7, loc="best")
     return save_figure(fig, out)

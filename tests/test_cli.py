@@ -52,6 +52,20 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert (tmp_path / "both.png").stat().st_size > 10_000
 
 
+def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
+    import matplotlib.pyplot as plt
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "progress.csv").write_text("iteration,env_steps,time/wall_s,episode/return_mean\n")
+    (tmp_path / "other").mkdir()
+    out = tmp_path / "curve.png"
+    for runs, message in (([empty], "nothing to plot yet"), ([empty, tmp_path / "other"], "has no progress.csv")):
+        code, _, err = run_cli(capsys, "plot", *map(str, runs), "--out", str(out))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and plt.get_fignums() == []  # no figure left open in the process
+
+
 def test_eval_acts_as_the_runs_own_evaluations_unless_told(capsys, tmp_path):
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--set", "eval_deterministic=false",
