@@ -247,10 +247,6 @@ class ReplayBuffer:
         return Transitions(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx],
                            self.discounts[idx], weights, idx)
 
-    def can_insert(self, n: int) -> bool:
-        """Whether the rate limiter lets writers add ``n`` more transitions now."""
-        return self.limiter.can_insert(n)
-
     def insert_room(self) -> int:
         """How many transitions the rate limiter lets writers add now."""
         return self.limiter.room()
