@@ -20,6 +20,15 @@ from torch import Tensor
 from shoal.runner import Rollout
 
 
+class Admission(NamedTuple):
+    """A replay shard's answer to a writer: how many transitions it may add now, and whether the
+    shard is still filling to the size learners start sampling it at (so no update will use what
+    is in it before then)."""
+
+    room: int
+    filling: bool
+
+
 class Transitions(NamedTuple):
     """A sampled batch. Shapes in brackets. The learner's batches hold tensors; batches in transit
     from a shard (:meth:`ReplayBuffer.sample_ready`) hold NumPy arrays, which Ray sends as
@@ -247,9 +256,9 @@ class ReplayBuffer:
         return Transitions(self.obs[idx], self.actions[idx], self.rewards[idx], self.next_obs[idx],
                            self.discounts[idx], weights, idx)
 
-    def insert_room(self) -> int:
-        """How many transitions the rate limiter lets writers add now."""
-        return self.limiter.room()
+    def admission(self) -> Admission:
+        """What the rate limiter lets writers do now (one call for an Ape-X runner)."""
+        return Admission(self.limiter.room(), self.limiter.inserts < self.limiter.min_size)
 
     def sample_ready(self, batch_size: int, beta: float = 0.4, count: int = 1) -> list[Transitions]:
         """Up to ``count`` batches that the rate limiter allows now (one call for remote shards),

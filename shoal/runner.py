@@ -56,7 +56,7 @@ class RolloutSummary(NamedTuple):
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
-    WARMUP_ROLLOUT_STEPS = 256  # Ape-X: the longest rollout while the policy acts at random
+    WARMUP_ROLLOUT_STEPS = 256  # Ape-X: the longest rollout while its replay shard is filling
 
     def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None,
                  incarnation: int = 0):
@@ -206,21 +206,23 @@ class EnvRunner:
         Each look at the limiter is a call to the shard, so the pauses between looks grow from
         2 ms to 16 ms (polling every 2 ms cost the runners and the shard ~25% of a core more).
 
-        While the policy still acts uniformly at random (before ``learning_starts``), its weights
-        do not matter: the rollout then fills as much of the limiter's room as it may, up to
-        ``WARMUP_ROLLOUT_STEPS`` steps, instead of paying these calls every ``num_steps`` steps
-        (SAC's 10k random steps on LunarLanderContinuous took 88 s in 1-step rollouts).
+        While the shard is still filling to the size the learner starts sampling it at (before
+        ``learning_starts``, when the policy acts at random, or after a resume without the
+        replay's contents), no update waits on what this runner inserts: the rollout then fills
+        as much of the limiter's room as it may, up to ``WARMUP_ROLLOUT_STEPS`` steps, instead of
+        paying these calls every ``num_steps`` steps (SAC's 10k random steps on
+        LunarLanderContinuous took 88 s in 1-step rollouts).
         """
         B = self.env.num_envs
         deadline, pause = time.monotonic() + max_wait_s, 0.002
-        while (room := self.replay.resolve(self.replay.call("insert_room"))) < num_steps * B:
+        while (admission := self.replay.resolve(self.replay.call("admission"))).room < num_steps * B:
             if time.monotonic() > deadline:
                 return RolloutSummary(0, [], [], self.version)
             time.sleep(pause)
             pause = min(2 * pause, 0.016)
         self.sync_weights()
-        if bool(self.policy.random_actions):
-            num_steps = max(num_steps, min(self.WARMUP_ROLLOUT_STEPS, room // B))
+        if admission.filling:
+            num_steps = max(num_steps, min(self.WARMUP_ROLLOUT_STEPS, admission.room // B))
         r = self._rollout(num_steps)
         batch = self.nstep(r)
         priorities = None

@@ -220,18 +220,26 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         assert metrics["learner/updates"] > 0
 
 
-def test_apex_runners_fill_the_limiters_room_in_long_rollouts_while_acting_at_random():
-    """Before learning starts an Ape-X runner's weights do not matter, so it inserts as much as
-    the rate limiter allows (up to 256 steps a rollout), then goes back to rollout_steps."""
+def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_samples_it(tmp_path):
+    """While a shard fills to the size the learner samples from (learning_starts, or after a
+    resume without the replay), an Ape-X runner inserts as much as the rate limiter allows, up
+    to 256 steps a rollout, then goes back to rollout_steps."""
     config = DQNConfig(env="CartPole-v1", apex=True, num_env_runners=1, num_envs_per_runner=1, rollout_steps=1,
                        learning_starts=1000, batch_size=32, hidden_sizes=(16,), torch_threads=1, progress=False,
                        tensorboard=False)
+    # The limiter lets 1000 transitions in, plus its error buffer: 2 rollouts' worth of samples
+    # (2 * 32 items), i.e. 2 transitions at 32 samples per insert.
+    filling = [256, 256, 256, 234, 1, 1, 1]
     with shoal.make(config) as algo:
         steps = [algo.train()["env_steps"] for _ in range(7)]
-        # The limiter lets 1000 transitions in, plus its error buffer: 2 rollouts' worth of
-        # samples (2 * 32 items), i.e. 2 transitions at 32 samples per insert.
-        assert np.diff([0, *steps]).tolist() == [256, 256, 256, 234, 1, 1, 1]
+        assert np.diff([0, *steps]).tolist() == filling
         assert not bool(algo.runners[0].obj.policy.random_actions)
+        updates = algo.learner.obj.updates
+        algo.save(tmp_path / "ck")  # without --save-replay
+    with shoal.load(tmp_path / "ck") as algo:  # the learned policy refills the shard, in long rollouts again
+        resumed = [algo.train()["env_steps"] for _ in range(7)]
+        assert np.diff([steps[-1], *resumed]).tolist() == filling
+        assert algo.learner.obj.updates > updates  # and the learner samples it once refilled
 
 
 def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
