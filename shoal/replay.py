@@ -22,8 +22,8 @@ from shoal.runner import Rollout
 
 class Admission(NamedTuple):
     """A replay shard's answer to a writer: how many transitions it may add now, and whether the
-    shard is still filling to the size learners start sampling it at (so no update will use what
-    is in it before then)."""
+    shard is still filling to the size learners start sampling it at (until then no update waits
+    on what a writer adds)."""
 
     room: int
     filling: bool
