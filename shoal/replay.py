@@ -105,9 +105,13 @@ class RateLimiter:
 
     def can_sample(self, n: int) -> bool:
         """Whether drawing ``n`` more items keeps the ratio within the error buffer."""
-        if self.inserts < self.min_size:
+        if self.filling():
             return False
         return self.spi is None or self._diff() - n >= self.spi * self.min_size - self.error_buffer
+
+    def filling(self) -> bool:
+        """Whether fewer than ``min_size_to_sample`` items were inserted (nothing may be sampled yet)."""
+        return self.inserts < self.min_size
 
     def room(self) -> int:
         """How many items may be inserted now: the most n with diff + n * spi <= spi * min_size +
@@ -258,7 +262,7 @@ class ReplayBuffer:
 
     def admission(self) -> Admission:
         """What the rate limiter lets writers do now (one call for an Ape-X runner)."""
-        return Admission(self.limiter.room(), self.limiter.inserts < self.limiter.min_size)
+        return Admission(self.limiter.room(), self.limiter.filling())
 
     def sample_ready(self, batch_size: int, beta: float = 0.4, count: int = 1) -> list[Transitions]:
         """Up to ``count`` batches that the rate limiter allows now (one call for remote shards),
