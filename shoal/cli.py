@@ -6,10 +6,13 @@ User mistakes end in one line on stderr and exit code 2; tracebacks are for bugs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import io
+import re
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import tyro
 import tyro._docstrings
@@ -33,6 +36,56 @@ def _cleaned_field_docs(read):
 
 tyro._docstrings.parse_docstring_from_object = _cleaned_field_docs(tyro._docstrings.parse_docstring_from_object)
 
+
+def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
+    """``tyro.cli``, with a rejected command line as one line (a ShoalError) like every other
+    mistake: tyro draws a box of 4-10 lines. ``--help`` still prints and exits as tyro does."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            parsed = tyro.cli(cls, args=argv, prog=prog, **kwargs)
+    except SystemExit as e:
+        if not e.code:
+            raise
+        raise ShoalError(_one_line(captured.getvalue(), prog)) from None
+    sys.stderr.write(captured.getvalue())  # anything else tyro said (warnings)
+    return parsed
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _one_line(box: str, prog: str) -> str:
+    """tyro's error box as one line: its message (wrapped lines joined, the arguments' help
+    left out) and the flags it suggests for a misspelt one. tyro draws the box in UTF-8 or, when
+    stdout is not UTF-8, in ASCII (a title row, a rule, contents indented by two)."""
+    lines = [line.rstrip() for line in _ANSI.sub("", box).splitlines() if line.strip()]
+    sections: list[list[tuple[int, str]]] = [[]]
+    body = lines[1:-1] if lines and lines[-1].startswith("╰") else lines[1:]  # the title row and edge dropped
+    for line in body:
+        line = line.removesuffix(" │")[2:]
+        if len(line.strip()) >= 3 and set(line.strip()) <= set("─-"):  # a rule between sections
+            sections.append([])
+        else:
+            sections[-1].append((len(line) - len(line.lstrip()), line.strip()))
+    sections = [section for section in sections if section]
+    if not sections:
+        return f"{' '.join(lines)} (see {prog} --help)"
+    message = " ".join(text for indent, text in sections[0] if indent < 8)  # 8: an argument's help
+    for section in sections[1:]:
+        if section[0][1] == "Perhaps you meant:":
+            flags = [text.split()[0] for indent, text in section[1:] if indent == 4]
+            message += f"; did you mean {' or '.join(flags)}?" if flags else ""
+    return f"{message} (see {prog} --help)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a mistake as one line (argparse prints its usage, then the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ShoalError(f"{message} (see {self.prog} --help)")
+
+
 USAGE = """usage: shoal COMMAND ...
 
 commands:
@@ -55,8 +108,8 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run)."""
 
 
-def _pre_parser() -> argparse.ArgumentParser:
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+def _pre_parser(prog: str = "shoal train") -> argparse.ArgumentParser:
+    pre = _Parser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--set", action="append", nargs="+", default=[])
     pre.add_argument("--resume")
@@ -71,7 +124,7 @@ def cmd_train(argv: list[str], console: Console) -> int:
         print(USAGE.splitlines()[0].replace("COMMAND", "train ALGO") + "\n\nalgorithms: " + ", ".join(sorted(algos.ALGOS)))
         return 0 if argv else 2
     algo_name = None if argv[0].startswith("-") else argv[0]
-    known, rest = _pre_parser().parse_known_args(argv[1:] if algo_name else argv)
+    known, rest = _pre_parser(f"shoal train {algo_name or ''}".rstrip()).parse_known_args(argv[1:] if algo_name else argv)
     sets = cfg.parse_set([item for group in known.set for item in group])
     env = cfg.env_setting(known.env) if known.env else None
     if known.resume:
@@ -90,8 +143,8 @@ def cmd_train(argv: list[str], console: Console) -> int:
         name = spec.name
         base = cfg.build(spec.config_cls, name, env=env, file=known.config, sets=sets)
     cls = type(base)
-    config = tyro.cli(cls, default=base, args=rest, prog=f"shoal train {name}",
-                      description=TRAIN_HELP.format(algo=name.upper()))
+    config = _parse(cls, rest, f"shoal train {name}", default=base,
+                    description=TRAIN_HELP.format(algo=name.upper()))
     if known.resume:
         summary = trainer.resume(known.resume, config, console=console)
     else:
@@ -141,7 +194,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.envs import is_remote, make_vector_env
     from shoal.evaluator import record_episodes, run_episodes
 
-    args = tyro.cli(EvalArgs, args=argv, prog="shoal eval")
+    args = _parse(EvalArgs, argv, "shoal eval")
     if args.episodes < 1 or args.max_steps < 1:
         raise ShoalError("--episodes and --max-steps must be at least 1")
     if args.deterministic and args.stochastic:
@@ -187,7 +240,7 @@ def cmd_plot(argv: list[str], console: Console) -> int:
 
     from shoal.plot import plot_runs
 
-    args = tyro.cli(PlotArgs, args=argv, prog="shoal plot")
+    args = _parse(PlotArgs, argv, "shoal plot")
     if not args.runs:
         raise ShoalError("name at least one run directory: shoal plot RUN_DIR [RUN_DIR ...]")
     for run in args.runs:
@@ -277,7 +330,7 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     from shoal.remote.envserver import EnvServer
     from shoal.remote.server import read_token
 
-    args = tyro.cli(ServeEnvArgs, args=_gather(argv, "--allow"), prog="shoal serve-env")
+    args = _parse(ServeEnvArgs, _gather(argv, "--allow"), "shoal serve-env")
     if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
         raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
@@ -324,7 +377,7 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
     from shoal.remote.policyserver import PolicyServer
     from shoal.remote.server import read_token
 
-    args = tyro.cli(ServePolicyArgs, args=_gather(argv, "--policy-id"), prog="shoal serve-policy")
+    args = _parse(ServePolicyArgs, _gather(argv, "--policy-id"), "shoal serve-policy")
     if not args.paths:
         raise ShoalError("name at least one run directory or checkpoint: shoal serve-policy RUN_DIR")
     if args.policy_id and len(args.policy_id) != len(args.paths):

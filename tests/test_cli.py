@@ -177,10 +177,23 @@ def test_resume_of_another_algorithms_run_is_refused(capsys, tmp_path):
     assert code == 2 and "is a 'dqn' run, not 'ppo'" in err
 
 
-def test_bad_flag_is_rejected_by_the_parser(capsys):
-    with pytest.raises(SystemExit) as e:
-        main(["train", "ppo", "--num-env-runners", "many"])
-    assert e.value.code == 2
+@pytest.mark.parametrize("argv, message", [
+    (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: invalid literal for int()"),
+    (["train", "ppo", "--lrr", "3"], "Unrecognized options: --lrr, 3; did you mean --lr? (see shoal train ppo --help)"),
+    (["train", "ppo", "--backend", "slurm"], "invalid choice 'slurm' for argument '--backend'. Expected one of ('local', 'ray')"),
+    (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
+    (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),
+    (["eval"], "Missing from shoal eval: RUN_DIR_OR_CHECKPOINT (see shoal eval --help)"),
+    (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),
+])
+@pytest.mark.parametrize("utf8_boxes", [False, True])  # tyro draws its box in ASCII unless stdout is UTF-8
+def test_a_command_line_the_parser_rejects_is_one_line(capsys, monkeypatch, argv, message, utf8_boxes):
+    import tyro._fmtlib
+
+    monkeypatch.setattr(tyro._fmtlib, "_FORCE_UTF8_BOXES", utf8_boxes)
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and err.startswith("shoal: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not out, err  # not tyro's box, nor argparse's usage
 
 
 def test_config_errors_raise_in_the_python_api_too():
