@@ -2,6 +2,8 @@
 
 1. CartPole-v1, 64 envs: steps/s through one env server (`shoal serve-env`, its own process)
    vs the same vector env in this process; random actions; p50/p99 round trip per batched step.
+   Then the same comparison inside training: PPO (CartPole-v1 preset, 64 envs) env steps/s
+   over 10 iterations after a warm-up, envs through the server vs in this process.
 2. Central inference: 32 concurrent clients, each an `ActStream` with one request in flight
    (32 requests always in flight), each asking for the action of one observation, against a
    policy server (`shoal serve-policy`, its own process) that batches them (--max-batch 32,
@@ -113,6 +115,22 @@ def training_rate(inference: str, iterations: int = 10) -> tuple[float, dict]:
     return rate, stats
 
 
+def ppo_rate(env: str, num_envs: int = 64, iterations: int = 10) -> float:
+    """PPO env steps/s on the local backend (CartPole-v1 preset, ``num_envs`` envs) on ``env``."""
+    import shoal
+    from shoal.algos.ppo import PPOConfig
+    from shoal.config import build
+
+    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
+        "env": env, "num_envs_per_runner": num_envs, "progress": False, "tensorboard": False})
+    with shoal.make(config) as algo:
+        algo.train()
+        start, steps = time.perf_counter(), algo.env_steps
+        for _ in range(iterations):
+            algo.train()
+        return (algo.env_steps - steps) / (time.perf_counter() - start)
+
+
 def ms(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q) * 1000)
 
@@ -128,11 +146,13 @@ def main() -> None:
     print(f"machine: {machine()}")
     result: dict = {}
     local_rate, local_lat = env_steps(make_vector_env("CartPole-v1", 64), args.seconds)
+    local_training = ppo_rate("CartPole-v1")
     proc, address = start(["serve-env", "CartPole-v1", "--num-envs", "64"])
     try:
         remote = RemoteVectorEnv(f"remote://{address}")
         remote_rate, remote_lat = env_steps(remote, args.seconds)
         remote.close()
+        remote_training = ppo_rate(f"remote://{address}")
     finally:
         proc.terminate()
         proc.wait()
@@ -141,8 +161,12 @@ def main() -> None:
           f"ratio {ratio:.2f} (target >= 0.5)")
     print(f"  round trip per batched step: p50 {ms(remote_lat, 50):.2f} ms, p99 {ms(remote_lat, 99):.2f} ms "
           f"(in-process step p50 {ms(local_lat, 50):.2f} ms)")
+    print(f"  PPO training on them (CartPole-v1 preset, 64 envs): remote {remote_training:,.0f} env steps/s, "
+          f"in-process {local_training:,.0f}; ratio {remote_training / local_training:.2f}")
     result["env_server"] = {"remote_steps_per_s": remote_rate, "local_steps_per_s": local_rate, "ratio": ratio,
-                            "p50_ms": ms(remote_lat, 50), "p99_ms": ms(remote_lat, 99)}
+                            "p50_ms": ms(remote_lat, 50), "p99_ms": ms(remote_lat, 99),
+                            "ppo_remote_steps_per_s": remote_training, "ppo_local_steps_per_s": local_training,
+                            "ppo_ratio": remote_training / local_training}
 
     import shoal
     from shoal.algos.ppo import PPOConfig
