@@ -2,7 +2,9 @@
 
 Every figure is taken in a fresh process of its own (`common.isolated`).
 
-1. SAC gradient updates per second, same networks (256x256), batch 256, same torch threads.
+1. SAC gradient updates per second, same networks (256x256), batch 256, same torch threads: 300
+   updates timed after 100 untimed ones, on a buffer of 2,000 random-action steps; five fresh
+   processes per framework, alternating with the other's; medians.
 2. SAC time to a mean eval return of -200 on Pendulum-v1 (rl-zoo settings: lr 1e-3).
 3. DQN time to a mean eval return of 475 on CartPole-v1 (rl-zoo settings, shoal's preset), with
    the same algorithm on both sides: SB3's DQN has no double Q-learning, so shoal runs with
@@ -12,7 +14,7 @@ Evaluation is the same for both: every --eval-every steps, 10 deterministic epis
 10-env vector env; time runs from building the algorithm to the end of the evaluation that
 reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
-    .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--only-updates]
+    .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 
-def shoal_updates_per_s(threads: int, n: int = 300) -> float:
+def shoal_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.envs import env_spaces
     from shoal.runner import EnvRunner
@@ -35,27 +37,37 @@ def shoal_updates_per_s(threads: int, n: int = 300) -> float:
     config = SACConfig(env="Pendulum-v1", torch_threads=threads, learning_starts=0)
     store = WeightStore()
     learner = SACLearner(config, *env_spaces("Pendulum-v1"), store)
-    learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))
-    batch = learner.replay.sample(256, 0.4)[1]
-    for _ in range(20):
-        learner.train_batch(batch)
+    learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))  # random actions
+    for _ in range(warmup):
+        learner.train_batch(learner.replay.sample(256, 0.4)[1])
     start = time.perf_counter()
     for _ in range(n):
         learner.train_batch(learner.replay.sample(256, 0.4)[1])
     return n / (time.perf_counter() - start)
 
 
-def sb3_updates_per_s(threads: int, n: int = 300) -> float:
+def sb3_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
-    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=0, device="cpu",
+    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
                 policy_kwargs={"net_arch": [256, 256]})
-    model.learn(2000)  # fills the buffer (and trains as it goes)
-    model.train(gradient_steps=20, batch_size=256)
+    model.learn(2000)  # fills the buffer with random actions, without training (learning_starts)
+    model.train(gradient_steps=warmup, batch_size=256)
     start = time.perf_counter()
     model.train(gradient_steps=n, batch_size=256)
     return n / (time.perf_counter() - start)
+
+
+def updates_per_s(threads: int, pairs: int) -> tuple[list[float], list[float]]:
+    """Each framework's updates/s in ``pairs`` fresh processes each, taken in alternation (shoal
+    first in even pairs, SB3 first in odd ones), so that a machine whose speed drifts over the
+    minute (the AMD EPYC machine's does, by up to 40%) slows both alike."""
+    ours, theirs = [], []
+    for i in range(pairs):
+        for fn, out in ((shoal_updates_per_s, ours), (sb3_updates_per_s, theirs))[::1 if i % 2 == 0 else -1]:
+            out.append(isolated(fn, threads))
+    return ours, theirs
 
 
 def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int,
@@ -86,15 +98,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (1 minute)")
+    parser.add_argument("--pairs", type=int, default=5, help="alternating processes per framework for updates/s")
+    parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (2 minutes)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads}
-    ours, theirs = np.median([isolated(shoal_updates_per_s, args.threads) for _ in range(3)]), \
-        np.median([isolated(sb3_updates_per_s, args.threads) for _ in range(3)])
     print(f"machine: {machine()}; torch threads: {args.threads}")
-    print(f"SAC updates/s (256x256, batch 256): shoal {ours:.0f}, SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2)")
-    result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs}
+    ours_all, theirs_all = updates_per_s(args.threads, args.pairs)
+    ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
+    pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
+    print(f"SAC updates/s (256x256, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
+          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2); pairs' ratios "
+          f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
+    result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
+                                   "shoal_runs": ours_all, "sb3_runs": theirs_all}
     if args.only_updates:
         save("offpolicy_updates", result)
         return
