@@ -60,9 +60,11 @@ def _one_line(box: str, prog: str) -> str:
     left out) and the flags it suggests for a misspelt one. tyro draws the box in UTF-8 or, when
     stdout is not UTF-8, in ASCII (a title row, a rule, contents indented by two)."""
     lines = [line.rstrip() for line in _ANSI.sub("", box).splitlines() if line.strip()]
+    utf8 = bool(lines) and lines[0].lstrip().startswith("╭")
+    if not utf8 and not (len(lines) > 1 and set(lines[1].strip()) == {"-"}):  # not a box: say it as it is
+        return f"{' '.join(line.strip() for line in lines) or 'the command line was rejected'} (see {prog} --help)"
     sections: list[list[tuple[int, str]]] = [[]]
-    body = lines[1:-1] if lines and lines[-1].startswith("╰") else lines[1:]  # the title row and edge dropped
-    for line in body:
+    for line in lines[1:-1] if utf8 else lines[1:]:  # the title row and the bottom edge dropped
         line = line.removesuffix(" │")[2:]
         if len(line.strip()) >= 3 and set(line.strip()) <= set("─-"):  # a rule between sections
             sections.append([])
@@ -70,7 +72,7 @@ def _one_line(box: str, prog: str) -> str:
             sections[-1].append((len(line) - len(line.lstrip()), line.strip()))
     sections = [section for section in sections if section]
     if not sections:
-        return f"{' '.join(lines)} (see {prog} --help)"
+        return f"{lines[0].strip(' ╭─╮')} (see {prog} --help)"
     message = " ".join(text for indent, text in sections[0] if indent < 8)  # 8: an argument's help
     for section in sections[1:]:
         if section[0][1] == "Perhaps you meant:":
@@ -251,9 +253,23 @@ def cmd_plot(argv: list[str], console: Console) -> int:
     return 0
 
 
+def _no_arguments(argv: list[str], command: str) -> bool:
+    """The listing commands take no arguments: True when asked for help, an error for others."""
+    if argv and argv[0] in ("-h", "--help"):
+        summary = next(line for line in USAGE.splitlines() if line.strip().startswith(command + " "))
+        print(f"usage: shoal {command}\n\n{summary.split(maxsplit=1)[1]}")
+        return True
+    if argv:
+        raise ShoalError(f"shoal {command} takes no arguments, got {' '.join(argv)}")
+    return False
+
+
 def cmd_algos(argv: list[str], console: Console) -> int:
     from shoal.algos import ALGOS
     from shoal.config import preset_envs
+
+    if _no_arguments(argv, "algos"):
+        return 0
 
     table = Table("algorithm", "description", "presets")
     for name, spec in sorted(ALGOS.items()):
@@ -268,6 +284,8 @@ def cmd_envs(argv: list[str], console: Console) -> int:
     from shoal.algos import ALGOS
     from shoal.config import preset_envs
 
+    if _no_arguments(argv, "envs"):
+        return 0
     presets = {env for name in ALGOS for env in preset_envs(name)}
     table = Table("environment id", "preset")
     for env_id in sorted(gym.registry):

@@ -196,6 +196,21 @@ def test_a_command_line_the_parser_rejects_is_one_line(capsys, monkeypatch, argv
     assert len(err.strip().splitlines()) == 1 and not out, err  # not tyro's box, nor argparse's usage
 
 
+def test_the_listing_commands_take_no_arguments(capsys):
+    for command in ("algos", "envs"):
+        code, _, err = run_cli(capsys, command, "CartPole-v1")
+        assert code == 2 and err == f"shoal: error: shoal {command} takes no arguments, got CartPole-v1\n"
+        code, out, _ = run_cli(capsys, command, "--help")
+        assert code == 0 and out.startswith(f"usage: shoal {command}\n\nlist ")
+
+
+def test_a_rejection_in_a_form_not_seen_before_is_still_one_line():
+    from shoal.cli import _one_line
+
+    assert _one_line("", "shoal eval") == "the command line was rejected (see shoal eval --help)"
+    assert _one_line("bad value\nfor --x\n", "shoal eval") == "bad value for --x (see shoal eval --help)"
+
+
 def test_config_errors_raise_in_the_python_api_too():
     with pytest.raises(ConfigError, match="num_env_runners must be at least 1"):
         PPOConfig(num_env_runners=0)
