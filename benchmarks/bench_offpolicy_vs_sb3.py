@@ -10,7 +10,7 @@ Every figure is taken in a fresh process of its own (`common.isolated`).
    the same algorithm on both sides: SB3's DQN has no double Q-learning, so shoal runs with
    double=False for the ratio. shoal's default (double DQN) is timed too and printed beside it.
 
-Evaluation is the same for both: every --eval-every steps, 10 deterministic episodes on a
+shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the same for both: every --eval-every steps, 10 deterministic episodes on a
 10-env vector env; time runs from building the algorithm to the end of the evaluation that
 reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
@@ -119,9 +119,11 @@ def main() -> None:
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
         same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
         rows, double = [], []
-        for seed in args.seeds:
-            s_t, s_n = isolated(shoal_time, algo, env, target, seed, every, args.threads, same)
-            b_t, b_n = isolated(sb3_time, algo, env, target, seed, every, budget, args.threads)
+        for i, seed in enumerate(args.seeds):  # which goes first alternates, as for updates/s
+            calls = {"shoal": (shoal_time, algo, env, target, seed, every, args.threads, same),
+                     "sb3": (sb3_time, algo, env, target, seed, every, budget, args.threads)}
+            got = {name: isolated(*calls[name]) for name in (("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal"))}
+            (s_t, s_n), (b_t, b_n) = got["shoal"], got["sb3"]
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
                   flush=True)
