@@ -70,10 +70,9 @@ def _one_line(box: str, prog: str) -> str:
             sections.append([])
         else:
             sections[-1].append((len(line) - len(line.lstrip()), line.strip()))
-    sections = [section for section in sections if section]
-    if not sections:
-        return f"{lines[0].strip(' ╭─╮')} (see {prog} --help)"
+    sections = [section for section in sections if section] or [[]]
     message = " ".join(text for indent, text in sections[0] if indent < 8)  # 8: an argument's help
+    message = message or lines[0].strip(" ╭─╮")  # the box's title, at least
     for section in sections[1:]:
         if section[0][1] == "Perhaps you meant:":
             flags = [text.split()[0] for indent, text in section[1:] if indent == 4]
@@ -110,7 +109,7 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run)."""
 
 
-def _pre_parser(prog: str = "shoal train") -> argparse.ArgumentParser:
+def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre = _Parser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--set", action="append", nargs="+", default=[])
@@ -270,7 +269,6 @@ def cmd_algos(argv: list[str], console: Console) -> int:
 
     if _no_arguments(argv, "algos"):
         return 0
-
     table = Table("algorithm", "description", "presets")
     for name, spec in sorted(ALGOS.items()):
         table.add_row(name, spec.summary, ", ".join(preset_envs(name)) or "-")
