@@ -10,9 +10,10 @@ Every figure is taken in a fresh process of its own (`common.isolated`).
    the same algorithm on both sides: SB3's DQN has no double Q-learning, so shoal runs with
    double=False for the ratio. shoal's default (double DQN) is timed too and printed beside it.
 
-shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the same for both: every --eval-every steps, 10 deterministic episodes on a
-10-env vector env; time runs from building the algorithm to the end of the evaluation that
-reaches the target (shoal: `time/wall_s` in eval.csv; SB3: until `learn` returns).
+shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the
+same for both: every --eval-every steps, 10 deterministic episodes on a 10-env vector env; time
+runs from building the algorithm to the end of the evaluation that reaches the target (shoal:
+`time/wall_s` in eval.csv; SB3: until `learn` returns).
 
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
 """
@@ -63,11 +64,12 @@ def updates_per_s(threads: int, pairs: int) -> tuple[list[float], list[float]]:
     """Each framework's updates/s in ``pairs`` fresh processes each, taken in alternation (shoal
     first in even pairs, SB3 first in odd ones), so that a machine whose speed drifts over the
     minute (the AMD EPYC machine's does, by up to 40%) slows both alike."""
-    ours, theirs = [], []
+    measure = {"shoal": shoal_updates_per_s, "sb3": sb3_updates_per_s}
+    got: dict[str, list[float]] = {"shoal": [], "sb3": []}
     for i in range(pairs):
-        for fn, out in ((shoal_updates_per_s, ours), (sb3_updates_per_s, theirs))[::1 if i % 2 == 0 else -1]:
-            out.append(isolated(fn, threads))
-    return ours, theirs
+        for name in ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal"):
+            got[name].append(isolated(measure[name], threads))
+    return got["shoal"], got["sb3"]
 
 
 def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int,

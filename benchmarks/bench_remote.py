@@ -97,14 +97,14 @@ def inference(address: str, clients: int, seconds: float) -> tuple[float, np.nda
     return rate, np.array(lat)
 
 
-def training_rate(inference: str, iterations: int = 10) -> tuple[float, dict]:
-    """PPO env steps/s on the ray backend with 2 runners; the inference server's counts."""
+def training_rate(iterations: int = 10, **sets) -> tuple[float, dict]:
+    """PPO's env steps/s on CartPole-v1 (its preset, with ``sets`` on top) over ``iterations``
+    after a warm-up one; the inference server's counts when there is one."""
     import shoal
     from shoal.algos.ppo import PPOConfig
     from shoal.config import build
 
-    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
-        "inference": inference, "backend": "ray", "num_env_runners": 2, "progress": False, "tensorboard": False})
+    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={"progress": False, "tensorboard": False, **sets})
     with shoal.make(config) as algo:
         algo.train()
         start, steps = time.perf_counter(), algo.env_steps
@@ -113,22 +113,6 @@ def training_rate(inference: str, iterations: int = 10) -> tuple[float, dict]:
         rate = (algo.env_steps - steps) / (time.perf_counter() - start)
         stats = algo.backend.get(algo.inference[0].call("stats")) if algo.inference else {}
     return rate, stats
-
-
-def ppo_rate(env: str, num_envs: int = 64, iterations: int = 10) -> float:
-    """PPO env steps/s on the local backend (CartPole-v1 preset, ``num_envs`` envs) on ``env``."""
-    import shoal
-    from shoal.algos.ppo import PPOConfig
-    from shoal.config import build
-
-    config = build(PPOConfig, "ppo", env="CartPole-v1", sets={
-        "env": env, "num_envs_per_runner": num_envs, "progress": False, "tensorboard": False})
-    with shoal.make(config) as algo:
-        algo.train()
-        start, steps = time.perf_counter(), algo.env_steps
-        for _ in range(iterations):
-            algo.train()
-        return (algo.env_steps - steps) / (time.perf_counter() - start)
 
 
 def ms(x: np.ndarray, q: float) -> float:
@@ -146,13 +130,13 @@ def main() -> None:
     print(f"machine: {machine()}")
     result: dict = {}
     local_rate, local_lat = env_steps(make_vector_env("CartPole-v1", 64), args.seconds)
-    local_training = ppo_rate("CartPole-v1")
+    local_training, _ = training_rate(num_envs_per_runner=64)
     proc, address = start(["serve-env", "CartPole-v1", "--num-envs", "64"])
     try:
         remote = RemoteVectorEnv(f"remote://{address}")
         remote_rate, remote_lat = env_steps(remote, args.seconds)
         remote.close()
-        remote_training = ppo_rate(f"remote://{address}")
+        remote_training, _ = training_rate(env=f"remote://{address}", num_envs_per_runner=64)
     finally:
         proc.terminate()
         proc.wait()
@@ -194,8 +178,8 @@ def main() -> None:
         ratio = rates["batched"] / rates["unbatched"]
         print(f"central inference {label}: batched / unbatched throughput = {ratio:.2f} (target >= 4)")
         result[f"inference_{label}_ratio"] = ratio
-    local, _ = training_rate("local")
-    central, stats = training_rate("central")
+    local, _ = training_rate(inference="local", backend="ray", num_env_runners=2)
+    central, stats = training_rate(inference="central", backend="ray", num_env_runners=2)
     print(f"PPO training, 2 runners on ray: central inference {central:,.0f} env steps/s, policy copies "
           f"{local:,.0f}; ratio {central / local:.2f}; mean batch {stats['requests'] / stats['batches']:.2f} runners")
     result["central_training"] = {"central": central, "local": local, "ratio": central / local, **stats}
