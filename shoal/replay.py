@@ -120,10 +120,6 @@ class RateLimiter:
             return sys.maxsize
         return max(0, math.floor((self.spi * self.min_size + self.error_buffer - self._diff()) / self.spi))
 
-    def can_insert(self, n: int) -> bool:
-        """Whether adding ``n`` more items keeps the ratio within the error buffer."""
-        return n <= self.room()
-
 
 class NStep:
     """Turns rollouts into n-step transitions, carrying each env's unfinished window across

@@ -85,10 +85,10 @@ def test_rate_limiter_blocks_and_unblocks():
     lim.inserts = 10
     assert lim.can_sample(4) and not lim.can_sample(5)  # only the error buffer's worth yet
     lim.samples = 4
-    assert not lim.can_sample(1) and lim.can_insert(2) and not lim.can_insert(3) and lim.room() == 2
+    assert not lim.can_sample(1) and lim.room() == 2  # 2 inserts may come, not 3
     lim.inserts += 1  # one insert buys samples_per_insert samples
     assert lim.can_sample(4) and not lim.can_sample(5)
-    assert RateLimiter(None, 1, 0).can_insert(10**9)
+    assert RateLimiter(None, 1, 0).room() >= 10**9
 
 
 def test_replay_state_round_trip():
