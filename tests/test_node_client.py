@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -15,16 +16,21 @@ from shoal.remote.envserver import EnvServer
 CLIENT = Path(__file__).parent.parent / "examples" / "node_env_client"
 TOKEN = "node-client-test-token-0123456789"
 
-# One worker runs both (xdist_group): the fixture's `npm ci` must not run twice at once.
-pytestmark = [pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed"),
-              pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 
 
 @pytest.fixture(scope="module")
 def node_client():
-    if not (CLIENT / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, capture_output=True,
-                       timeout=300)
+    """The client, its packages installed once. Both tests may start at once on two xdist workers
+    (`--dist loadgroup` does not group tests with pytest 9.2: pytest-xdist#1386), and `npm ci`
+    empties node_modules before it fills it, so a lock on the lock file serialises the check and
+    the install, and only a finished install counts (npm writes node_modules/.package-lock.json
+    last)."""
+    with open(CLIENT / "package-lock.json") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (CLIENT / "node_modules" / ".package-lock.json").is_file():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, capture_output=True,
+                           timeout=300)
     return CLIENT / "client.js"
 
 
