@@ -25,7 +25,7 @@ def node_client():
     (`--dist loadgroup` does not group tests with pytest 9.2: pytest-xdist#1386), and `npm ci`
     empties node_modules before it fills it, so a lock on the lock file serialises the check and
     the install, and only a finished install counts (npm writes node_modules/.package-lock.json
-    last)."""
+    at the end of an install)."""
     with open(CLIENT / "package-lock.json") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (CLIENT / "node_modules" / ".package-lock.json").is_file():
