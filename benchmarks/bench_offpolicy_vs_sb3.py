@@ -60,14 +60,19 @@ def sb3_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
     return n / (time.perf_counter() - start)
 
 
+def in_turn(i: int) -> tuple[str, str]:
+    """Which framework runs first in the i-th pair or seed: shoal in even ones, SB3 in odd ones,
+    so that a machine whose speed drifts over the minute (the AMD EPYC machine's does, by up to
+    40%) slows both alike."""
+    return ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal")
+
+
 def updates_per_s(threads: int, pairs: int) -> tuple[list[float], list[float]]:
-    """Each framework's updates/s in ``pairs`` fresh processes each, taken in alternation (shoal
-    first in even pairs, SB3 first in odd ones), so that a machine whose speed drifts over the
-    minute (the AMD EPYC machine's does, by up to 40%) slows both alike."""
+    """Each framework's updates/s in ``pairs`` fresh processes each, taken in turn."""
     measure = {"shoal": shoal_updates_per_s, "sb3": sb3_updates_per_s}
     got: dict[str, list[float]] = {"shoal": [], "sb3": []}
     for i in range(pairs):
-        for name in ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal"):
+        for name in in_turn(i):
             got[name].append(isolated(measure[name], threads))
     return got["shoal"], got["sb3"]
 
@@ -121,10 +126,10 @@ def main() -> None:
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
         same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
         rows, double = [], []
-        for i, seed in enumerate(args.seeds):  # which goes first alternates, as for updates/s
+        for i, seed in enumerate(args.seeds):
             calls = {"shoal": (shoal_time, algo, env, target, seed, every, args.threads, same),
                      "sb3": (sb3_time, algo, env, target, seed, every, budget, args.threads)}
-            got = {name: isolated(*calls[name]) for name in (("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal"))}
+            got = {name: isolated(*calls[name]) for name in in_turn(i)}
             (s_t, s_n), (b_t, b_n) = got["shoal"], got["sb3"]
             rows.append((s_t, s_n, b_t, b_n))
             print(f"{algo} {env} seed {seed}: shoal {s_t:6.1f} s ({s_n:,} steps), SB3 {b_t:6.1f} s ({b_n:,} steps)",
