@@ -141,7 +141,7 @@ class Algorithm:
         is replaced under the same id, and the iteration completes with the others' rollouts."""
         c = self.config
         while True:
-            calls = {i: r.call_checked("sample_checked", c.rollout_steps) for i, r in enumerate(self.runners)}
+            calls = {i: r.call_checked("sample_checked", c.steps_per_rollout) for i, r in enumerate(self.runners)}
             ok, failed = self.backend.collect({i: status for i, (status, _) in calls.items()}, c.runner_timeout_s)
             for i in sorted(failed):
                 self._restart_runner(i, failed[i])
@@ -186,7 +186,7 @@ class Algorithm:
         """Ape-X's roles, one after another: each runner inserts a rollout (when the rate limiter
         lets it), then the learner updates while the limiter allows and publishes."""
         c, get = self.config, self.backend.get
-        summaries = get([r.call("sample_into_replay", c.rollout_steps, 0.0) for r in self.runners])
+        summaries = get([r.call("sample_into_replay", c.steps_per_rollout, 0.0) for r in self.runners])
         steps = sum(s.env_steps for s in summaries)
         result = get(self.learner.call("train_for", None, self.env_steps + steps))
         return UpdateResult(result.metrics, result.version, steps,
@@ -198,7 +198,7 @@ class Algorithm:
         c, get = self.config, self.backend.get
         for i, runner in enumerate(self.runners):
             if i not in self.inflight:
-                self.inflight[i] = runner.call("sample_into_replay", c.rollout_steps)
+                self.inflight[i] = runner.call("sample_into_replay", c.steps_per_rollout)
         if self.learner_future is None:
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps)
         steps, returns, lengths, lags = 0, [], [], []
@@ -212,14 +212,14 @@ class Algorithm:
                     raise  # the learner's weights died with it: restart the run, not this runner
                 except RoleFailed as e:  # the runner died or its envs failed too often: replace it
                     self._restart_runner(ids[k], str(e))
-                    self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.rollout_steps)
+                    self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                     continue
                 steps += summary.env_steps
                 returns += summary.episode_returns
                 lengths += summary.episode_lengths
                 if summary.env_steps:
                     lags.append(self.policy_version - summary.policy_version)
-                self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.rollout_steps)
+                self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                 continue
             result = get(self.learner_future)
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps)
@@ -236,7 +236,7 @@ class Algorithm:
         c = self.config
 
         def sample(i: int) -> None:  # (small status, rollout) refs; the driver only reads the status
-            self.inflight[i] = self.runners[i].call_checked("sample_checked", c.rollout_steps)
+            self.inflight[i] = self.runners[i].call_checked("sample_checked", c.steps_per_rollout)
 
         def start_learner() -> None:
             if self.learner_future is None and self.queue:

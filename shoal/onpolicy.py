@@ -64,6 +64,11 @@ class OnPolicyConfig(Config):
         """Samples per synchronous iteration, across runners."""
         return self.rollout_steps * self.num_envs
 
+    @property
+    def steps_per_rollout(self) -> int:
+        """What runners are asked for (the off-policy configs resolve a 0 here)."""
+        return self.rollout_steps
+
 
 def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorCritic:
     """The actor-critic network every on-policy algorithm trains."""

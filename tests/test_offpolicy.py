@@ -242,6 +242,23 @@ def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_sample
         assert algo.learner.obj.updates > updates  # and the learner samples it once refilled
 
 
+def test_apex_rollouts_take_8_steps_unless_told_and_the_synchronous_loop_1():
+    """rollout_steps 0 means 1 step between updates, or 8 per Ape-X insert; --apex on the
+    command line, parsed after the preset is layered, still gets the 8."""
+    from shoal.cli import _parse
+    from shoal.config import build
+
+    assert SACConfig(env="Pendulum-v1").steps_per_rollout == 1
+    assert SACConfig(env="Pendulum-v1", apex=True, rollout_steps=3).steps_per_rollout == 3
+    preset = build(SACConfig, "sac", env="Pendulum-v1")
+    assert _parse(SACConfig, ["--apex"], "shoal train sac", default=preset).steps_per_rollout == 8
+    config = DQNConfig(env="CartPole-v1", apex=True, num_env_runners=2, learning_starts=32, batch_size=32,
+                       hidden_sizes=(16,), torch_threads=1, progress=False, tensorboard=False)
+    with shoal.make(config) as algo:
+        steps = [algo.train()["env_steps"] for _ in range(4)]
+    assert np.diff(steps[1:]).tolist() == [16, 16]  # once the shards hold learning_starts: 2 runners x 8
+
+
 def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
     import csv
 
