@@ -247,13 +247,16 @@ class OffPolicyLearner(Learner):
 
     def train_for(self, max_updates: int | None, env_steps: int) -> UpdateResult:
         """Ape-X's learner step: up to ``max_updates`` updates (None: while the shards allow),
-        then publish."""
+        then publish, unless nothing changed (no update, the same exploration buffers): runners
+        then keep the weights they hold instead of fetching the same ones as a new version."""
         self.env_steps = env_steps
+        exploration = [b.clone() for b in self.policy.buffers()]
         metrics = self._train(env_steps, max_updates)
         if metrics["learner/updates_this_call"] == 0 and max_updates is not None:
             time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them
-        self.version += 1
-        self.publish()
+        if metrics["learner/updates_this_call"] or not all(map(torch.equal, exploration, self.policy.buffers())):
+            self.version += 1
+            self.publish()
         return UpdateResult(metrics, self.version, 0, [], [])
 
     def get_state(self) -> dict[str, Any]:

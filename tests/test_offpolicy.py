@@ -231,8 +231,11 @@ def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_sample
     # (2 * 32 items), i.e. 2 transitions at 32 samples per insert.
     filling = [256, 256, 256, 234, 1, 1, 1]
     with shoal.make(config) as algo:
-        steps = [algo.train()["env_steps"] for _ in range(7)]
+        metrics = [algo.train() for _ in range(7)]
+        steps = [m["env_steps"] for m in metrics]
         assert np.diff([0, *steps]).tolist() == filling
+        # A learner call that changed nothing (no update, still random actions) publishes nothing.
+        assert [m["learner/policy_version"] for m in metrics] == [0, 0, 0, 1, 2, 3, 4]
         assert not bool(algo.runners[0].obj.policy.random_actions)
         updates = algo.learner.obj.updates
         algo.save(tmp_path / "ck")  # without --save-replay
