@@ -27,8 +27,8 @@ install-bench: $(BIN)/python
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475
 
-# --dist loadgroup keeps tests marked xdist_group on one worker; with pytest 9.2 it does not yet
-# (pytest-xdist#1386), and no test relies on it.
+# --dist loadgroup keeps tests marked xdist_group on one worker: the Ray tests, so that one Ray
+# cluster runs at a time (pytest is pinned at 9.1.1 for it: pytest-xdist#1386).
 test: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 

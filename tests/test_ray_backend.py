@@ -7,8 +7,8 @@ import shoal
 from shoal.algos.ppo import PPOConfig
 from shoal.config import build
 
-# The "ray" group asks xdist to keep the Ray tests on one worker; with pytest 9.2 it does not
-# (pytest-xdist#1386), so each module starts its own cluster and none relies on the grouping.
+# The "ray" group keeps the Ray tests on one xdist worker (`--dist loadgroup`), one cluster at a
+# time. Each module starts its own cluster, so none relies on the grouping for correctness.
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 
