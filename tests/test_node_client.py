@@ -22,10 +22,9 @@ pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is
 @pytest.fixture(scope="module")
 def node_client():
     """The client, its packages installed once. Both tests may start at once on two xdist workers
-    (they are in no xdist group), and `npm ci`
-    empties node_modules before it fills it, so a lock on the lock file serialises the check and
-    the install, and only a finished install counts (npm writes node_modules/.package-lock.json
-    at the end of an install)."""
+    (they are in no xdist group), and `npm ci` empties node_modules before it fills it, so a
+    lock on the lock file serialises the check and the install, and only a finished install
+    counts (npm writes node_modules/.package-lock.json at the end of an install)."""
     with open(CLIENT / "package-lock.json") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (CLIENT / "node_modules" / ".package-lock.json").is_file():
