@@ -217,7 +217,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     if args.video:
         paths = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.video,
                                 args.max_steps)
-        console.print(f"wrote {len(paths)} videos to {args.video}")
+        console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
     result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
                           args.max_steps)
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,10 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     (each cut after ``max_steps`` steps if it has not ended)."""
     import imageio.v2 as imageio
 
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # Headless: rgb_array frames need no display, but pygame.init() would still try one, and
+        # SDL prints "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     out = Path(video_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = make_env(env_id, render_mode="rgb_array")
