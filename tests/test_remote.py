@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
@@ -12,7 +13,7 @@ from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import RemoteVectorEnv
 from shoal.remote.envserver import EnvServer
-from shoal.remote.wire import encode
+from shoal.remote.wire import WireError, check_actions, decode_space, encode, encode_space
 
 TOKEN = "a-test-token-of-32-characters!!"
 
@@ -43,6 +44,23 @@ def status_of(fn):
     with pytest.raises(grpc.RpcError) as e:
         fn()
     return e.value.code(), e.value.details()
+
+
+@pytest.mark.parametrize("space, good, bad", [
+    (gym.spaces.Box(-2.0, 2.0, (3,)), [[0.5, -2.0, 2.0]], [[0.5, -2.0, 2.5]]),
+    (gym.spaces.Discrete(3, start=-1), [-1, 1], [-1, 2]),
+    (gym.spaces.MultiDiscrete([3, 4]), [[2, 3]], [[2, 4]]),
+    (gym.spaces.MultiBinary(4), [[1, 0, 0, 1]], [[1, 0, 2, 1]]),
+    (gym.spaces.MultiBinary([2, 2]), [[[1, 0], [0, 1]]], [[[1, 0], [0, -1]]]),
+])
+def test_every_space_kind_crosses_the_wire_and_bounds_its_actions(space, good, bad):
+    """A client rebuilds the very space the server describes (equal to the env's own), and the
+    server takes actions inside it and refuses the first one out of bounds."""
+    assert decode_space(pb.Space.FromString(encode_space(space).SerializeToString())) == space
+    good, bad = np.asarray(good, space.dtype), np.asarray(bad, space.dtype)
+    assert np.array_equal(check_actions(space, good, len(good)), good)
+    with pytest.raises(WireError, match="out of bounds"):
+        check_actions(space, bad, len(bad))
 
 
 def test_remote_vector_env_steps_like_the_local_one(servers):

@@ -70,8 +70,8 @@ def decode_space(msg: pb.Space) -> gym.Space:
         return gym.spaces.Discrete(msg.n, start=msg.start)
     if msg.kind == "multi_discrete":
         return gym.spaces.MultiDiscrete(decode(msg.nvec))
-    if msg.kind == "multi_binary":
-        return gym.spaces.MultiBinary(list(msg.shape))
+    if msg.kind == "multi_binary":  # MultiBinary(5), not MultiBinary([5]): the two compare unequal
+        return gym.spaces.MultiBinary(msg.shape[0] if len(msg.shape) == 1 else list(msg.shape))
     raise WireError(f"unknown space kind {msg.kind[:32]!r}")
 
 
