@@ -51,11 +51,12 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert code == 0, err
     assert (tmp_path / "both.png").stat().st_size > 10_000
 
-    # On a headless machine (no display, no XDG_RUNTIME_DIR), in a fresh process so that pygame
-    # starts there: the videos come with no stray "error: XDG_RUNTIME_DIR is invalid" from SDL.
+    # On a headless machine (no display, no XDG_RUNTIME_DIR), in a fresh process (`python -m shoal`)
+    # so that pygame starts there: the videos come with no stray "error: XDG_RUNTIME_DIR is
+    # invalid" from SDL.
     headless = {k: v for k, v in os.environ.items()
                 if k not in ("DISPLAY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "SDL_VIDEODRIVER")}
-    done = subprocess.run([sys.executable, "-m", "shoal.cli", "eval", str(run), "--episodes", "1",
+    done = subprocess.run([sys.executable, "-m", "shoal", "eval", str(run), "--episodes", "1",
                            "--video", str(tmp_path / "one")], env=headless, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr
