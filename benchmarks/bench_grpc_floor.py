@@ -3,8 +3,9 @@
 A server process answers each message with a reply the size of a 64-env CartPole step reply
 (2,770 bytes for a 600-byte request), three ways: a plain socket pair (the OS's floor), a
 grpcio bidirectional stream with the sync API (what `shoal serve-env` and RemoteVectorEnv use),
-and the same stream served by grpc.aio. Then the same stream with the server burning 430 us of
-Python per message (the in-process step of 64 CartPole envs here), to show the cost adds.
+the same stream served by grpc.aio, and one unary call per message (what the stream replaced).
+Then each with the server burning 430 us of Python per message (the in-process step of 64
+CartPole envs on the Intel machine), to show the cost adds.
 
     .venv/bin/python benchmarks/bench_grpc_floor.py
 """
@@ -50,14 +51,19 @@ def serve(kind: str, burn_us: float) -> None:
                 got += len(chunk)
             burn(burn_us)
             conn.sendall(REPLY)
-    if kind == "sync":
+    if kind in ("sync", "unary"):
         def stream(requests, context):
             for _ in requests:
                 burn(burn_us)
                 yield REPLY
+
+        def unary(request, context):
+            burn(burn_us)
+            return REPLY
         server = grpc.server(futures.ThreadPoolExecutor(4))
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "Echo", {"S": grpc.stream_stream_rpc_method_handler(stream)})])
+            "Echo", {"S": grpc.stream_stream_rpc_method_handler(stream),
+                     "U": grpc.unary_unary_rpc_method_handler(unary)})])
         print(server.add_insecure_port("127.0.0.1:0"), flush=True)
         server.start()
         server.wait_for_termination()
@@ -88,6 +94,12 @@ def round_trips(kind: str, port: int) -> np.ndarray:
             got = 0
             while got < len(REPLY):
                 got += len(conn.recv(65536))
+    elif kind == "unary":
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        call = channel.unary_unary("/Echo/U")
+
+        def one() -> None:
+            call(REQUEST, timeout=10)
     else:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -101,8 +113,9 @@ def round_trips(kind: str, port: int) -> np.ndarray:
         one()
         if i >= 200:
             lat.append(time.perf_counter() - t)
-    if kind != "socket":
+    if kind in ("sync", "aio"):
         requests.put(None)
+    if kind != "socket":
         channel.close()
     return np.array(lat)
 
@@ -110,7 +123,8 @@ def round_trips(kind: str, port: int) -> np.ndarray:
 def main() -> None:
     print(f"machine: {machine()}")
     result = {}
-    for kind, burn_us in (("socket", 0), ("sync", 0), ("aio", 0), ("socket", 430), ("sync", 430)):
+    for kind, burn_us in (("socket", 0), ("sync", 0), ("aio", 0), ("unary", 0),
+                          ("socket", 430), ("sync", 430), ("aio", 430), ("unary", 430)):
         proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(burn_us)], stdout=subprocess.PIPE,
                                 text=True)
         try:
@@ -119,7 +133,8 @@ def main() -> None:
             proc.kill()
             proc.wait()
         p50, p99 = np.percentile(lat, 50) * 1e6, np.percentile(lat, 99) * 1e6
-        label = {"socket": "TCP socket", "sync": "grpcio stream, sync server", "aio": "grpcio stream, aio server"}[kind]
+        label = {"socket": "TCP socket", "sync": "grpcio stream, sync server", "aio": "grpcio stream, aio server",
+                 "unary": "grpcio unary, sync server"}[kind]
         print(f"{label:28s} server work {burn_us:3d} us: round trip p50 {p50:6.0f} us, p99 {p99:6.0f} us")
         result[f"{kind}_{burn_us}"] = {"p50_us": p50, "p99_us": p99}
     grpc_cost = result["sync_0"]["p50_us"] - result["socket_0"]["p50_us"]
