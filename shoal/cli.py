@@ -214,12 +214,13 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
     deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
-    if args.video:
-        paths = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.video,
-                                args.max_steps)
+    if args.video:  # the statistics of the recorded episodes themselves: one pass, not two
+        paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
+                                        args.video, args.max_steps)
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
-    result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
-                          args.max_steps)
+    else:
+        result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
+                              args.max_steps)
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")

@@ -32,15 +32,21 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
         returns += r * running
         lengths += running
         running &= ~(term | trunc)
-    return {"eval/return_mean": float(returns.mean()), "eval/return_std": float(returns.std()),
-            "eval/length_mean": float(lengths.mean()), "eval/episodes": float(episodes)}
+    return episode_stats(returns, lengths)
+
+
+def episode_stats(returns: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
+    """Mean and std of episode returns, mean length and count, as evaluations report them."""
+    return {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
+            "eval/length_mean": float(np.mean(lengths)), "eval/episodes": float(len(returns))}
 
 
 @torch.no_grad()
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool,
-                    seed: int, video_dir: str | Path, max_steps: int) -> list[Path]:
+                    seed: int, video_dir: str | Path, max_steps: int) -> tuple[list[Path], dict[str, float]]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
-    (each cut after ``max_steps`` steps if it has not ended)."""
+    (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
+    statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
     import imageio.v2 as imageio
 
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
@@ -52,13 +58,15 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     env = make_env(env_id, render_mode="rgb_array")
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
-    paths = []
+    paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         frames, done = [env.render()], False
         while not done and len(frames) <= max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
-            obs, _, term, trunc, _ = env.step(module.to_env(a)[0])
+            obs, r, term, trunc, _ = env.step(module.to_env(a)[0])
+            returns[i] += r
+            lengths[i] += 1
             frames.append(env.render())
             done = term or trunc
         path = out / f"{env_id}-episode-{i}.mp4"
@@ -68,7 +76,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         tmp.replace(path)
         paths.append(path)
     env.close()
-    return paths
+    return paths, episode_stats(returns, lengths)
 
 
 class Evaluator:

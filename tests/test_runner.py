@@ -1,6 +1,7 @@
 """EnvRunner: autoreset, final observations, episode statistics, weight sync."""
 
 import numpy as np
+import pytest
 
 from shoal.onpolicy import make_actor_critic
 from shoal.policy import get_weights
@@ -59,3 +60,24 @@ def test_an_evaluation_episode_that_never_ends_is_cut(tiny):
     module.to_env = lambda a: np.zeros(len(a), np.int64)  # 0 = up
     result = run_episodes(module, env, deterministic=True, seed=0, max_steps=300)
     assert result["eval/length_mean"] == 300 and result["eval/return_mean"] == -300
+
+
+def test_recorded_episodes_report_their_own_returns_the_same_as_an_evaluation(tiny, tmp_path):
+    """`shoal eval --video` prints the statistics of the episodes it recorded (one pass): with the
+    same seeds and a deterministic policy they are the evaluation's, episode for episode; and a
+    recorded episode is cut after max_steps like an evaluated one."""
+    from shoal.envs import make_vector_env
+    from shoal.evaluator import record_episodes, run_episodes
+
+    config = tiny(env="CartPole-v1")
+    env = make_vector_env("CartPole-v1", 3)
+    module = make_actor_critic(config, env.single_observation_space, env.single_action_space)
+    expected = run_episodes(module, env, deterministic=True, seed=5, max_steps=500)
+    paths, got = record_episodes(module, "CartPole-v1", 3, True, 5, tmp_path / "v", 500)
+    assert len(paths) == 3 and all(p.is_file() for p in paths)
+    assert got == pytest.approx(expected) and got["eval/episodes"] == 3
+    assert expected["eval/return_std"] > 0  # three different episodes, not one three times
+
+    module.to_env = lambda a: np.zeros(len(a), np.int64)  # always push left: falls within ~10 steps
+    _, cut = record_episodes(module, "CartPole-v1", 1, True, 0, tmp_path / "w", 4)
+    assert cut["eval/length_mean"] == 4 == cut["eval/return_mean"]
