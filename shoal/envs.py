@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -43,6 +44,10 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     if is_remote(env_id):
         raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
+    if render_mode == "rgb_array" and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        # Headless: rgb_array frames need no display, but pygame.init() would still try one, and
+        # SDL prints "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
         return _made(env_id, render_mode=render_mode)
     except gym.error.DependencyNotInstalled as e:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +48,6 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
     import imageio.v2 as imageio
 
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        # Headless: rgb_array frames need no display, but pygame.init() would still try one, and
-        # SDL prints "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine.
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     out = Path(video_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = make_env(env_id, render_mode="rgb_array")
@@ -66,9 +61,9 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
             obs, r, term, trunc, _ = env.step(module.to_env(a)[0])
             returns[i] += r
-            lengths[i] += 1
             frames.append(env.render())
             done = term or trunc
+        lengths[i] = len(frames) - 1  # the first frame is the reset's
         path = out / f"{env_id}-episode-{i}.mp4"
         tmp = path.with_suffix(".tmp.mp4")
         # macro_block_size=1 keeps odd frame sizes as they are instead of resizing with a warning.
