@@ -18,11 +18,11 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid]'
 
 install-bench: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid,bench]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475

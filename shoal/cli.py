@@ -278,17 +278,21 @@ def cmd_algos(argv: list[str], console: Console) -> int:
 
 
 def cmd_envs(argv: list[str], console: Console) -> int:
+    import fnmatch
+
     import gymnasium as gym
 
     from shoal.algos import ALGOS
     from shoal.config import preset_envs
+    from shoal.envs import import_env_packages
 
     if _no_arguments(argv, "envs"):
         return 0
-    presets = {env for name in ALGOS for env in preset_envs(name)}
+    import_env_packages()
+    presets = {env for name in ALGOS for env in preset_envs(name)}  # ids, or patterns such as ALE/*
     table = Table("environment id", "preset")
     for env_id in sorted(gym.registry):
-        table.add_row(env_id, "yes" if env_id in presets else "")
+        table.add_row(env_id, "yes" if any(fnmatch.fnmatchcase(env_id, p) for p in presets) else "")
     console.print(table)
     console.print("Any installed Gymnasium environment id works; 'preset' marks shipped tuned settings.")
     return 0

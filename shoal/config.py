@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import types
 import typing
 from dataclasses import dataclass
@@ -40,12 +41,16 @@ class Config:
     """Seed for networks, environments and sampling; a local run with one seed is deterministic."""
     total_steps: int = 100_000
     """Stop after this many environment steps."""
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (-1, 0 or 1), as DQN's Atari agents did; the returns
+    shoal reports stay the env's own."""
     stop_return: float | None = None
     """Stop early once the mean evaluation return reaches this value."""
     run_dir: str | None = None
     """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the policy and value networks."""
+    """Hidden layer widths of the policy and value networks (image observations: a convolutional
+    encoder with linear heads instead)."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden-layer activation."""
     eval_interval: int = 5_000
@@ -228,11 +233,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def preset(algo: str, env: str) -> dict[str, Any]:
-    """Tuned settings shipped for (algorithm, env), as in rl-baselines3-zoo; empty if none."""
+    """Tuned settings shipped for (algorithm, env), as in rl-baselines3-zoo; empty if none.
+
+    A key may be a pattern (``ALE/*``: every Atari game), used when no key names the env itself."""
     path = resources.files("shoal") / "presets" / f"{algo}.yaml"
     if not path.is_file():
         return {}
     table = yaml.safe_load(path.read_text()) or {}
+    if env not in table:
+        env = next((key for key in table if fnmatch.fnmatchcase(env, key)), env)
     return dict(table.get(env, {}))
 
 

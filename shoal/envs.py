@@ -14,10 +14,38 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from shoal.errors import ShoalError
 
 
+# Env families shoal knows by their ids' prefix: the package that registers them (Gymnasium 1.x
+# no longer imports env packages itself), and the extra that installs it.
+ENV_PACKAGES = {"ALE/": ("ale_py", "atari"), "MiniGrid-": ("minigrid", "minigrid"), "BabyAI-": ("minigrid", "minigrid")}
+
+
+def _import_env_package(env_id: str) -> None:
+    """Import the package of a known env family, so that it registers its envs."""
+    for prefix, (module, extra) in ENV_PACKAGES.items():
+        if env_id.startswith(prefix):
+            try:
+                package = importlib.import_module(module)
+            except ImportError:
+                raise ShoalError(f"unknown environment {env_id!r}: its envs need the {module} package "
+                                 f"(`pip install 'shoal[{extra}]'`)") from None
+            if module == "ale_py":  # not its banner for every env made
+                package.ALEInterface.setLoggerMode(package.LoggerMode.Error)
+
+
+def import_env_packages() -> None:
+    """Import every known env family's package that is installed (to list their envs)."""
+    for prefix in ENV_PACKAGES:
+        try:
+            _import_env_package(prefix)
+        except ShoalError:
+            pass  # not installed
+
+
 def check_env_id(env_id: str) -> None:
     """Raise a clear error for an env id Gymnasium does not know, with the closest known ids.
 
-    ``module:EnvId`` (Gymnasium's form for custom envs) imports ``module`` first, which registers it.
+    ``module:EnvId`` (Gymnasium's form for custom envs) imports ``module`` first, which registers it;
+    Atari's (``ALE/...``) and MiniGrid's ids import their package.
     """
     module, sep, name = env_id.rpartition(":")
     if sep:
@@ -28,10 +56,13 @@ def check_env_id(env_id: str) -> None:
         env_id = name
     if env_id in gym.registry:
         return
+    _import_env_package(env_id)
+    import_env_packages()  # and those without a prefix (Atari's older ids: PongNoFrameskip-v4)
+    if env_id in gym.registry:
+        return
     namespace = env_id.partition("/")[0] if "/" in env_id else None
     if namespace and not any(spec.namespace == namespace for spec in gym.registry.values()):
-        how = (f"Atari's: `pip install ale-py`, then --env ale_py:{env_id}" if namespace == "ALE" else
-               f"install the package that provides it, then --env MODULE:{env_id} to import it first")
+        how = f"install the package that provides it, then --env MODULE:{env_id} to import it first"
         raise ShoalError(f"unknown environment {env_id!r}: no installed package registers the namespace "
                          f"{namespace!r} ({how})")
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
@@ -57,16 +88,60 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
 
+ATARI_FRAME_STACK = 4
+
+
+def _entry_point(env_id: str) -> str:
+    spec = gym.registry.get(env_id.rpartition(":")[2])
+    return spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` is one of the Arcade Learning Environment's games."""
+    return _entry_point(env_id) == "ale_py.env:AtariEnv"
+
+
 def _made(env_id: str, **kwargs: Any) -> gym.Env:
     """``gym.make``, with observations that are not a Box (FrozenLake's and Taxi's Discrete, Blackjack's
     Tuple, Dicts of those) flattened into a float32 Box: one-hot for each discrete part, as
-    stable-baselines3 encodes Discrete observations. The policies' MLPs take a Box."""
+    stable-baselines3 encodes Discrete observations. The policies' MLPs take a Box.
+
+    Atari games get the preprocessing every published Atari agent trains with (Mnih et al. 2015;
+    Machado et al. 2018), as RLlib applies it to them and stable-baselines3's AtariWrapper does:
+    up to 30 no-op actions at reset, each action repeated for 4 frames (the max of the last two
+    taken), 84x84 grayscale frames, the last 4 stacked: uint8 observations [4, 84, 84]. The ALE's
+    v5 sticky actions (25%) stay. Rewards are not clipped: the returns shoal reports are game
+    scores; ``clip_rewards`` clips what the learner sees.
+
+    MiniGrid's observations are a dict of the agent's 7x7 view (uint8 [7, 7, 3]: object, colour
+    and state per cell), its direction and the mission's text: they become the view alone
+    (MiniGrid's ImgObsWrapper, as its own baselines train), which the image encoders take."""
+    if is_atari(env_id):
+        from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+        base = gym.make(env_id, frameskip=1, **kwargs)  # the wrapper repeats actions itself
+        try:
+            env = AtariPreprocessing(base, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        except gym.error.DependencyNotInstalled:
+            base.close()
+            raise ShoalError(f"environment {env_id!r} needs opencv for its preprocessing "
+                             "(`pip install 'shoal[atari]'`)") from None
+        return FrameStackObservation(env, ATARI_FRAME_STACK)
     env = gym.make(env_id, **kwargs)
+    if _entry_point(env_id).startswith("minigrid."):
+        from minigrid.wrappers import ImgObsWrapper
+
+        return ImgObsWrapper(env)
     if isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
         env = DtypeObservation(FlattenObservation(env), np.float32)
     return env
+
+
+def file_name(env_id: str) -> str:
+    """``env_id`` as part of a file name (``ALE/Pong-v5`` -> ``ALE_Pong-v5``)."""
+    return env_id.replace("/", "_").replace(":", "_")
 
 
 def is_remote(env_id: str) -> bool:
@@ -168,8 +243,11 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.Box):
+        # Bounds equal everywhere (images' 0 and 255) are kept as one number: an Atari frame stack
+        # would otherwise write 56,448 of them.
+        bound = lambda a: a.flat[0].item() if a.size and np.all(a == a.flat[0]) else a.tolist()
         return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": space.low.tolist(), "high": space.high.tolist()}
+                "low": bound(space.low), "high": bound(space.high)}
     raise ShoalError(f"unsupported space {space}: shoal handles Box and Discrete spaces")
 
 
@@ -178,7 +256,7 @@ def space_from_description(desc: dict[str, Any]) -> gym.Space:
     if desc["type"] == "discrete":
         return gym.spaces.Discrete(desc["n"], start=desc.get("start", 0))
     if desc["type"] == "box":
-        dtype = np.dtype(desc["dtype"])
-        return gym.spaces.Box(np.asarray(desc["low"], dtype), np.asarray(desc["high"], dtype),
-                              shape=tuple(desc["shape"]), dtype=dtype)
+        dtype, shape = np.dtype(desc["dtype"]), tuple(desc["shape"])
+        return gym.spaces.Box(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
+                              np.broadcast_to(np.asarray(desc["high"], dtype), shape), shape=shape, dtype=dtype)
     raise ShoalError(f"unknown space type {desc.get('type')!r}")

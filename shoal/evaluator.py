@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
-from shoal.envs import make_env, make_vector_env
+from shoal.envs import file_name, make_env, make_vector_env
 from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 
@@ -64,7 +64,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
             frames.append(env.render())
             done = term or trunc
         lengths[i] = len(frames) - 1  # the first frame is the reset's
-        path = out / f"{env_id}-episode-{i}.mp4"
+        path = out / f"{file_name(env_id)}-episode-{i}.mp4"
         tmp = path.with_suffix(".tmp.mp4")
         # macro_block_size=1 keeps odd frame sizes as they are instead of resizing with a warning.
         imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1)

@@ -22,7 +22,7 @@ from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult
-from shoal.policy import PolicyModule
+from shoal.policy import PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
@@ -37,7 +37,8 @@ class OffPolicyConfig(Config):
     """Torch threads per process: the 256-wide networks' updates are compute-bound, and gain ~30%
     from a second thread here (unlike PPO's small MLPs)."""
     hidden_sizes: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the networks."""
+    """Hidden layer widths of the networks (DQN on image observations: a convolutional encoder
+    with linear heads instead)."""
     activation: Literal["tanh", "relu"] = "relu"
     """Hidden-layer activation."""
     rollout_steps: int = 0
@@ -182,7 +183,7 @@ def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym
                 shards: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments of one ReplayBuffer shard (capacity split between shards)."""
     discrete = isinstance(action_space, gym.spaces.Discrete)
-    args = (config.buffer_size // shards, int(np.prod(obs_space.shape)),
+    args = (config.buffer_size // shards, *network_input(obs_space),
             () if discrete else (int(np.prod(action_space.shape)),), np.int64 if discrete else np.float32)
     spi = config.updates_per_step * config.batch_size
     # Synchronously, one batch of slack gives exactly updates_per_step. Ape-X runners are held

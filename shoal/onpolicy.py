@@ -71,9 +71,10 @@ class OnPolicyConfig(Config):
 
 
 def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorCritic:
-    """The actor-critic network every on-policy algorithm trains."""
+    """The actor-critic network every on-policy algorithm trains (TRPO's natural gradient is not
+    taken through a convolutional encoder: it takes vector observations only)."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
-                       config.normalize_obs, config.log_std_init)
+                       config.normalize_obs, config.log_std_init, images=config.algo != "trpo")
 
 
 class OnPolicyLearner(Learner):
@@ -116,7 +117,7 @@ class OnPolicyLearner(Learner):
         last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]))
         final_obs = torch.as_tensor(np.concatenate([r.final_obs for r in rollouts]))
         with torch.no_grad():  # one forward for every value the estimators need
-            v = m.value(torch.cat([obs.reshape(T * B, -1), last_obs, final_obs]))
+            v = m.value(torch.cat([obs.reshape(T * B, *obs.shape[2:]), last_obs, final_obs]))
         values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
         return {"obs": obs, "actions": actions, "logp": logp, "rewards": rewards, "values": values,
                 "next_values": next_values(values, last_value, final_value, final_idx, terminated, truncated),
@@ -211,10 +212,10 @@ class VTraceLearner(OnPolicyLearner):
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 obs = b["obs"][idx]
-                logp, entropy = m.evaluate_actions(obs, b["actions"][idx])
+                logp, entropy, value = m.evaluate(obs, b["actions"][idx])
                 entropy = entropy.mean()
                 pg = self.policy_loss(logp, b["logp"][idx], adv)
-                vl = 0.5 * (m.value(obs) - b["vs"][idx]).pow(2).mean()
+                vl = 0.5 * (value - b["vs"][idx]).pow(2).mean()
                 loss = pg + c.vf_coef * vl - c.ent_coef * entropy
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -78,6 +78,70 @@ def set_up_torch(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def is_image(space: gym.Space) -> bool:
+    """Whether observations of ``space`` are images: a uint8 Box of 2 or 3 dimensions (as
+    stable-baselines3 decides). Policies with a convolutional encoder keep them uint8."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)
+
+
+def image_layout(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], bool]:
+    """The (channels, height, width) of images of ``shape``, and whether they arrive channels-last.
+
+    A 2-D image is one channel. Of a 3-D one the smallest dimension is the channels: last for
+    Gymnasium's HWC frames (CarRacing's 96x96x3), first for stacked frames (Atari's 4x84x84).
+    """
+    if len(shape) == 2:
+        return (1, *shape), False
+    last = int(np.argmin(shape)) == 2
+    return ((shape[2], shape[0], shape[1]) if last else tuple(shape)), last  # type: ignore[return-value]
+
+
+def network_input(obs_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of the network inputs made from observations of ``obs_space`` (what
+    rollouts and replay hold): uint8 [C, H, W] images, or flat float32 vectors."""
+    if is_image(obs_space):
+        return image_layout(obs_space.shape)[0], np.dtype(np.uint8)
+    return (int(np.prod(obs_space.shape)),), np.dtype(np.float32)
+
+
+class ConvEncoder(nn.Module):
+    """uint8 images [N, C, H, W] -> features [N, out_dim], scaled to [0, 1] first.
+
+    Images of 36 pixels a side or more get the Nature DQN network (Mnih et al. 2015: 32 8x8
+    filters stride 4, 64 4x4 stride 2, 64 3x3 stride 1, then 512 units), which the Atari
+    results of DQN, A2C, PPO and IMPALA were all reached with, and stable-baselines3 and RLlib
+    use. Smaller ones (MiniGrid's 7x7, MinAtar's 10x10) would vanish under its strides: they get
+    three 3x3 layers (32, 64 stride 2, 64 filters) and 256 units.
+    """
+
+    def __init__(self, chw: tuple[int, int, int]):
+        super().__init__()
+        c, h, w = chw
+        # The Nature network's convolutions run channels-last (NHWC): a PPO minibatch of 256 Atari
+        # stacks took 121-153 ms so against 168-200 ms in NCHW (forward, backward and Adam, 2
+        # threads, BENCHMARKS.md). For 7x7 views the two were within noise: they stay NCHW.
+        if min(h, w) >= 36:
+            convs = [nn.Conv2d(c, 32, 8, 4), nn.ReLU(), nn.Conv2d(32, 64, 4, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 1)]
+            self.out_dim, self.memory_format = 512, torch.channels_last
+        else:
+            convs = [nn.Conv2d(c, 32, 3, 1, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
+                     nn.Conv2d(64, 64, 3, 1, 1)]
+            self.out_dim, self.memory_format = 256, torch.contiguous_format
+        self.convs = nn.Sequential(*convs, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, c, h, w)).shape[1]
+        self.linear = nn.Linear(flat, self.out_dim)
+        for layer in [*self.convs, self.linear]:
+            if isinstance(layer, (nn.Conv2d, nn.Linear)):  # as mlp() and the baselines: orthogonal, sqrt(2)
+                nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                nn.init.zeros_(layer.bias)
+        self.convs.to(memory_format=self.memory_format)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.contiguous(memory_format=self.memory_format).float() / 255.0
+        return torch.relu(self.linear(self.convs(x)))
+
+
 def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Sequential:
     """An MLP with orthogonal init (hidden gain sqrt(2), output ``out_gain``), as in PPO baselines."""
     layers: list[nn.Module] = []
@@ -95,22 +159,45 @@ class PolicyModule(nn.Module):
 
     Exploration settings (epsilon, action noise, "act at random" before learning starts) are
     buffers of the module, so the learner sets them and they travel with the published weights.
+
+    Network inputs (what rollouts and replay hold, and :meth:`normalize` makes) are of shape
+    ``input_shape`` and dtype ``input_dtype``: flat float32 vectors, or, for a policy built with
+    ``images=True`` and image observations, uint8 [C, H, W] images (a quarter of the bytes), which
+    ``encoder`` turns into features. Without an image the encoder is the identity (no weights).
     """
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False):
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
+                 images: bool = False):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box):
-            raise ShoalError(f"observation space {obs_space} is not supported: shoal's MLP policies need a Box")
+            raise ShoalError(f"observation space {obs_space} is not supported: shoal's policies need a Box")
         if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise ShoalError(f"action space {action_space} is not supported: use Discrete or Box")
         self.obs_space, self.action_space = obs_space, action_space
         self.obs_dim = int(np.prod(obs_space.shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self.action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        self.image = is_image(obs_space)
+        self.input_shape, self.input_dtype = network_input(obs_space)
+        self.encoder: nn.Module = nn.Identity()
+        self.feature_dim = self.obs_dim
+        if self.image:
+            if not images:
+                raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
+                                 "observations train with ppo, a2c, impala, appo or dqn (a convolutional encoder)")
+            if normalize_obs:
+                raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
+            self.channels_last = image_layout(obs_space.shape)[1]
+            self.encoder = ConvEncoder(self.input_shape)
+            self.feature_dim = self.encoder.out_dim
         self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
 
     def normalize(self, obs: Tensor) -> Tensor:
-        """Raw observations [N, *obs_shape] -> network input [N, obs_dim]."""
+        """Raw observations [N, *obs_shape] -> network input [N, *input_shape]."""
+        if self.image:
+            if self.channels_last:
+                obs = obs.permute(0, 3, 1, 2)
+            return obs.reshape(obs.shape[0], *self.input_shape).to(torch.uint8).contiguous()
         obs = obs.reshape(obs.shape[0], -1).float()
         return self.obs_norm(obs) if self.obs_norm is not None else obs
 
@@ -142,21 +229,26 @@ class PolicyModule(nn.Module):
 
 
 class ActorCritic(PolicyModule):
-    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions."""
+    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions.
+
+    With image observations (``images=True``) the two share one convolutional encoder, and are
+    linear heads on its features (as stable-baselines3's and RLlib's CNN policies).
+    """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
-                 normalize_obs: bool = False, log_std_init: float = 0.0):
-        super().__init__(obs_space, action_space, normalize_obs)
+                 normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False):
+        super().__init__(obs_space, action_space, normalize_obs, images)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
-        self.actor = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
-        self.critic = mlp([self.obs_dim, *hidden_sizes, 1], act, out_gain=1.0)
+        hidden = () if self.image else hidden_sizes
+        self.actor = mlp([self.feature_dim, *hidden, self.action_dim], act, out_gain=0.01)
+        self.critic = mlp([self.feature_dim, *hidden, 1], act, out_gain=1.0)
 
     def dist(self, x: Tensor) -> Distribution:
-        """Action distribution for normalised observations ``x`` [N, obs_dim]."""
-        out = self.actor(x)
+        """Action distribution for network inputs ``x`` [N, *input_shape]."""
+        out = self.actor(self.encoder(x))
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
@@ -164,7 +256,7 @@ class ActorCritic(PolicyModule):
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
         without building a Distribution object."""
-        out = self.actor(x)
+        out = self.actor(self.encoder(x))
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp(), 1, generator=generator)
@@ -174,10 +266,20 @@ class ActorCritic(PolicyModule):
         logp = -0.5 * noise.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)
         return out + std * noise, logp.sum(-1)
 
+    def evaluate(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probability [N] and entropy [N] of ``actions``, and the state value [N]: the
+        learners' step, with one pass of a shared encoder."""
+        h = self.encoder(x)
+        logp, entropy = self._logp_entropy(self.actor(h), actions)
+        return logp, entropy, self.critic(h).squeeze(-1)
+
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """Log-probability [N] and entropy [N] of ``actions``: the learner's hot path, written with
-        plain tensor ops (log_softmax and gather), ~10% faster per step than Categorical."""
-        out = self.actor(x)
+        """Log-probability [N] and entropy [N] of ``actions``."""
+        return self._logp_entropy(self.actor(self.encoder(x)), actions)
+
+    def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """The learner's hot path, written with plain tensor ops (log_softmax and gather), ~10%
+        faster per step than Categorical."""
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             return logp_all.gather(-1, actions.long()[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
@@ -186,14 +288,14 @@ class ActorCritic(PolicyModule):
         return logp.sum(-1), (log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
 
     def value(self, x: Tensor) -> Tensor:
-        """State value [N] for normalised observations ``x``."""
-        return self.critic(x).squeeze(-1)
+        """State value [N] for network inputs ``x``."""
+        return self.critic(self.encoder(x)).squeeze(-1)
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
         """The most likely action, or a sample (with an explicit generator, so runs are
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
-        out = self.actor(x)
+        out = self.actor(self.encoder(x))
         if deterministic:
             return out.argmax(-1) if self.discrete else out
         if self.discrete:
@@ -237,7 +339,7 @@ class Policy:
     def act(self, obs: np.ndarray, deterministic: bool = True,
             generator: torch.Generator | None = None) -> np.ndarray:
         """Actions for one observation or a batch [N, *obs_shape]."""
-        obs = np.asarray(obs, dtype=np.float32)
+        obs = np.asarray(obs, dtype=self.module.input_dtype)
         single = obs.shape == self.observation_space.shape
         batch = torch.as_tensor(obs[None] if single else obs)
         actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))

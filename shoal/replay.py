@@ -36,10 +36,10 @@ class Transitions(NamedTuple):
     run on the ray backend that was ~15% of each shard's time and ~13% of the learner's, and
     sending arrays took the learner's 50 updates from 0.45 s to 0.28 s (BENCHMARKS.md)."""
 
-    obs: Tensor  # [N, obs_dim]
+    obs: Tensor  # [N, *input_shape] network inputs
     actions: Tensor  # [N] (discrete) or [N, act_dim]
     rewards: Tensor  # [N] n-step discounted reward
-    next_obs: Tensor  # [N, obs_dim] observation to bootstrap from
+    next_obs: Tensor  # [N, *input_shape] network input to bootstrap from
     discounts: Tensor  # [N] gamma^k, or 0 after termination
     weights: Tensor  # [N] importance-sampling weights (1 when uniform)
     indices: np.ndarray  # [N] storage slots, for priority updates
@@ -134,12 +134,12 @@ class NStep:
     def __call__(self, r: Rollout) -> tuple[np.ndarray, ...]:
         """(obs, actions, rewards, next_obs, discounts) of the transitions this rollout completes."""
         T, B = r.rewards.shape
-        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, obs_dim]
+        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, *input_shape]
         if len(r.final_idx):  # an ended episode's successor is its true final observation
             next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
         if self.n_step == 1:
-            return (r.obs.reshape(T * B, -1), r.actions.reshape(T * B, *r.actions.shape[2:]),
-                    r.rewards.reshape(-1), next_obs.reshape(T * B, -1),
+            return (r.obs.reshape(T * B, *r.obs.shape[2:]), r.actions.reshape(T * B, *r.actions.shape[2:]),
+                    r.rewards.reshape(-1), next_obs.reshape(T * B, *r.obs.shape[2:]),
                     np.where(r.terminated, 0.0, self.gamma).reshape(-1).astype(np.float32))
         out: list[tuple] = []
         for b in range(B):
@@ -153,10 +153,10 @@ class NStep:
                 elif len(queue) == self.n_step:
                     out.append(self._window(queue))
                     queue.popleft()
-        obs_dim = r.obs.shape[-1]
         if not out:
-            return (np.empty((0, obs_dim), np.float32), np.empty((0, *r.actions.shape[2:]), r.actions.dtype),
-                    np.empty(0, np.float32), np.empty((0, obs_dim), np.float32), np.empty(0, np.float32))
+            no_obs = np.empty((0, *r.obs.shape[2:]), r.obs.dtype)
+            return (no_obs, np.empty((0, *r.actions.shape[2:]), r.actions.dtype),
+                    np.empty(0, np.float32), no_obs.copy(), np.empty(0, np.float32))
         obs, actions, rewards, nxt, discounts = zip(*out)
         return (np.stack(obs), np.stack(actions), np.asarray(rewards, np.float32), np.stack(nxt),
                 np.asarray(discounts, np.float32))
@@ -181,13 +181,14 @@ class ReplayBuffer:
 
     GATHER_BYTES = 16 << 20  # most bytes one sample_ready call gathers for uniform batches
 
-    def __init__(self, capacity: int, obs_dim: int, action_shape: tuple[int, ...], action_dtype: Any, *,
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: Any, action_shape: tuple[int, ...],
+                 action_dtype: Any, *,
                  gamma: float, n_step: int = 1, prioritized: bool = False, alpha: float = 0.6,
                  priority_eps: float = 1e-6, samples_per_insert: float | None = None,
                  min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0):
         self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
-        self.obs = np.zeros((capacity, obs_dim), np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
         self.actions = np.zeros((capacity, *action_shape), action_dtype)
         self.rewards = np.zeros(capacity, np.float32)
         self.discounts = np.zeros(capacity, np.float32)
@@ -275,7 +276,7 @@ class ReplayBuffer:
             while len(out) < count and self.can_sample(batch_size):
                 out.append(self._prioritized(batch_size, beta))
             return out
-        row_bytes = 2 * self.obs.itemsize * self.obs.shape[1] + self.actions[:1].nbytes + 8
+        row_bytes = 2 * self.obs[0].nbytes + self.actions[:1].nbytes + 8
         count = min(count, max(1, self.GATHER_BYTES // (batch_size * row_bytes)))
         k = 0
         while k < count and self.limiter.can_sample(batch_size * (k + 1)):

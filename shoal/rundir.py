@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from shoal.config import to_dict
+from shoal.envs import file_name
 from shoal.errors import ShoalError
 
 
@@ -98,7 +99,7 @@ class RunDir:
     def default_path(algo: str, env: str, seed: int) -> Path:
         """runs/ALGO-ENV-YYYYmmdd-HHMMSS-sSEED, unique."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = Path("runs") / f"{algo}-{env.replace('/', '_').replace(':', '_')}-{stamp}-s{seed}"
+        base = Path("runs") / f"{algo}-{file_name(env)}-{stamp}-s{seed}"
         path, i = base, 1
         while path.exists():
             path, i = base.with_name(f"{base.name}-{i}"), i + 1

@@ -22,15 +22,15 @@ from shoal.policy import Moments, set_up_torch, set_weights
 class Rollout:
     """T steps of B envs, as the behaviour policy saw them. Shapes in brackets."""
 
-    obs: np.ndarray  # [T, B, obs_dim] network input (normalised when the policy normalises)
+    obs: np.ndarray  # [T, B, *input_shape] network input (normalised when the policy normalises)
     actions: np.ndarray  # [T, B] or [T, B, act_dim]: as sampled, before clipping
     logp: np.ndarray  # [T, B] behaviour log-probability of ``actions``
     rewards: np.ndarray  # [T, B]
     terminated: np.ndarray  # [T, B] bool: the episode ended in a terminal state (no bootstrap)
     truncated: np.ndarray  # [T, B] bool: the episode was cut (time limit): bootstrap from final_obs
-    last_obs: np.ndarray  # [B, obs_dim] network input after the last step
+    last_obs: np.ndarray  # [B, *input_shape] network input after the last step
     final_idx: np.ndarray  # [K, 2] (t, b) of every step that ended an episode
-    final_obs: np.ndarray  # [K, obs_dim] network input of the last observation of those episodes
+    final_obs: np.ndarray  # [K, *input_shape] network input of the last observation of those episodes
     policy_id: str
     policy_version: int
     runner_id: int
@@ -109,7 +109,7 @@ class EnvRunner:
         versions: list[int] = []
         m, env, B = self.policy, self.env, self.env.num_envs
         obs_dim = int(np.prod(env.single_observation_space.shape))
-        obs = np.empty((num_steps, B, obs_dim), np.float32)
+        obs = np.empty((num_steps, B, *m.input_shape), m.input_dtype)
         raw = np.empty((num_steps, B, obs_dim), np.float32) if m.obs_norm is not None else None
         actions = None
         logp = np.empty((num_steps, B), np.float32)
@@ -137,7 +137,7 @@ class EnvRunner:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
             actions[t] = a.numpy()
             self.obs, r, term, trunc, info = env.step(m.to_env(a))
-            rewards[t], terminated[t], truncated[t] = r, term, trunc
+            rewards[t], terminated[t], truncated[t] = np.sign(r) if self.config.clip_rewards else r, term, trunc
             self.ep_return += r
             self.ep_length += 1
             done = term | trunc
@@ -155,13 +155,14 @@ class EnvRunner:
                     self._check_env_restarts()
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
-        final = np.asarray(final_raw, np.float32).reshape(len(final_raw), *env.single_observation_space.shape)
+        final = np.asarray(final_raw, self.obs.dtype).reshape(len(final_raw), *env.single_observation_space.shape)
         if central:  # the server holds the normaliser too
-            last_obs, final_obs = self._central_normalize(final, B, obs_dim)
+            last_obs, final_obs = self._central_normalize(final, B)
             self.version = min(versions)
         else:
             last_obs = m.normalize(torch.as_tensor(self.obs)).numpy()
-            final_obs = m.normalize(torch.as_tensor(final)).numpy() if len(final) else np.empty((0, obs_dim), np.float32)
+            final_obs = (m.normalize(torch.as_tensor(final)).numpy() if len(final)
+                         else np.empty((0, *m.input_shape), m.input_dtype))
         return Rollout(
             obs=obs, actions=actions, logp=logp, rewards=rewards,
             terminated=terminated, truncated=truncated, last_obs=last_obs,
@@ -190,10 +191,9 @@ class EnvRunner:
         """Counters for the driver: env restarts and episodes dropped, this incarnation."""
         return {"env_restarts": self.env_restarts(), "dropped_episodes": self.dropped_episodes}
 
-    def _central_normalize(self, final: np.ndarray, B: int, obs_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    def _central_normalize(self, final: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
         """Network inputs of the last and the final observations, from the inference server."""
-        raw = np.concatenate([self.obs.reshape(B, obs_dim), final.reshape(len(final), obs_dim)]).astype(np.float32)
-        x = self.inference.resolve(self.inference.call("normalize", raw)).reshape(-1, obs_dim)
+        x = self.inference.resolve(self.inference.call("normalize", np.concatenate([self.obs, final])))
         return x[:B], x[B:]
 
     def sample_into_replay(self, num_steps: int, max_wait_s: float = 0.05) -> RolloutSummary:

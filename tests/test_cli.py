@@ -112,8 +112,9 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, ddpg, dqn, impala, ppo, sac, td3, trpo"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
-    (["train", "ppo", "--env", "ALE/Pong-v5"], "no installed package registers the namespace 'ALE' (Atari's: "
-                                                "`pip install ale-py`, then --env ale_py:ALE/Pong-v5)"),
+    (["train", "ppo", "--env", "MiniGrid/Empty-v0"], "no installed package registers the namespace 'MiniGrid' "
+                                                      "(install the package that provides it, then --env "
+                                                      "MODULE:MiniGrid/Empty-v0 to import it first)"),
     (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
     (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),
     (["train", "ppo", "--set", "gamma"], "--set expects key=value"),
@@ -147,7 +148,11 @@ def test_make_config_layers_the_preset_as_the_command_does():
         shoal.make_config("dqn", "CartPole-v1", lrr=1e-3)
 
 
-@pytest.mark.parametrize("algo,env", [(a, e) for a in sorted(ALGOS) for e in preset_envs(a)])
+# One env of each family a pattern key stands for
+PATTERN_EXAMPLES = {"ALE/*": "ALE/Pong-v5", "MiniGrid-*": "MiniGrid-DoorKey-5x5-v0"}
+
+
+@pytest.mark.parametrize("algo,env", [(a, PATTERN_EXAMPLES.get(e, e)) for a in sorted(ALGOS) for e in preset_envs(a)])
 def test_every_shipped_preset_builds_its_algorithm_on_its_env(algo, env):
     """Each preset's keys are settings of its algorithm, its env id is registered, and the
     algorithm's policy accepts the env's spaces (a preset for the wrong action space fails here)."""

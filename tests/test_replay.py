@@ -30,7 +30,7 @@ def stored(buf):
 
 def test_n_step_targets_respect_termination_and_truncation():
     g = 0.5
-    buf = ReplayBuffer(100, 1, (), np.int64, gamma=g, n_step=3)
+    buf = ReplayBuffer(100, (1,), np.float32, (), np.int64, gamma=g, n_step=3)
     # steps 0..2 end in termination at t=2; steps 3..4 end in truncation at t=4; steps 5..6 continue.
     buf.add_rollout(rollout([1, 2, 4, 8, 16, 32, 64], [0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 0, 0]))
     got = stored(buf)
@@ -45,7 +45,7 @@ def test_n_step_targets_respect_termination_and_truncation():
 
 
 def test_one_step_transitions_bootstrap_unless_terminated():
-    buf = ReplayBuffer(10, 1, (), np.int64, gamma=0.9)
+    buf = ReplayBuffer(10, (1,), np.float32, (), np.int64, gamma=0.9)
     buf.add_rollout(rollout([1, 1, 1], [0, 1, 0], [1, 0, 0]))
     got = stored(buf)
     assert got[0.0] == (1.0, 100.0, pytest.approx(0.9))  # truncated at t=0: next is the final obs
@@ -68,7 +68,7 @@ def test_sum_tree_samples_in_proportion_to_priority():
 
 
 def test_importance_weights_and_priority_updates():
-    buf = ReplayBuffer(8, 1, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=1)
+    buf = ReplayBuffer(8, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=1)
     buf.add_rollout(rollout([0] * 4, [0] * 4, [0] * 4))
     buf.update_priorities(np.arange(4), np.array([1.0, 1.0, 1.0, 5.0]))
     batch = buf.sample(4, beta=1.0)
@@ -92,10 +92,10 @@ def test_rate_limiter_blocks_and_unblocks():
 
 
 def test_replay_state_round_trip():
-    buf = ReplayBuffer(16, 1, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=3)
+    buf = ReplayBuffer(16, (1,), np.float32, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=3)
     buf.add_rollout(rollout([1, 2, 3, 4, 5], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]))
     buf.update_priorities(np.arange(len(buf)), np.arange(len(buf), dtype=float) + 1)
-    copy = ReplayBuffer(16, 1, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=99)
+    copy = ReplayBuffer(16, (1,), np.float32, (), np.int64, gamma=0.9, n_step=2, prioritized=True, seed=99)
     copy.set_state(buf.get_state())
     a, b = buf.sample(8), copy.sample(8)
     np.testing.assert_array_equal(a.indices, b.indices)
@@ -106,7 +106,7 @@ def test_replay_state_round_trip():
 
 
 def test_writer_priorities_set_sampling_frequencies():
-    buf = ReplayBuffer(4, 1, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=2)
+    buf = ReplayBuffer(4, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0, seed=2)
     obs = np.arange(4, dtype=np.float32)[:, None]
     buf.add(obs, np.zeros(4, np.int64), np.zeros(4, np.float32), obs, np.full(4, 0.9, np.float32),
             priorities=np.array([1.0, 0.0, 3.0, 4.0]))
@@ -119,8 +119,8 @@ def test_writer_priorities_set_sampling_frequencies():
 def test_n_step_assembly_is_the_same_in_a_runner_and_in_the_buffer():
     from shoal.replay import NStep
 
-    a = ReplayBuffer(100, 1, (), np.int64, gamma=0.5, n_step=3)
-    b = ReplayBuffer(100, 1, (), np.int64, gamma=0.5, n_step=3)
+    a = ReplayBuffer(100, (1,), np.float32, (), np.int64, gamma=0.5, n_step=3)
+    b = ReplayBuffer(100, (1,), np.float32, (), np.int64, gamma=0.5, n_step=3)
     nstep = NStep(0.5, 3)
     for r in (rollout([1, 2, 4, 8], [0, 0, 1, 0], [0, 0, 0, 0]), rollout([16, 32, 64], [0, 0, 0], [0, 1, 0])):
         a.add_rollout(r)
@@ -134,7 +134,7 @@ def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(
     would give, each row a stored transition, the limiter charged for each."""
     rng = np.random.default_rng(0)
     for inserted, count in ((40, 16), (55, 3), (70, 16), (9, 16)):
-        buf = ReplayBuffer(128, 2, (), np.int64, gamma=0.9, prioritized=prioritized, samples_per_insert=0.5,
+        buf = ReplayBuffer(128, (2,), np.float32, (), np.int64, gamma=0.9, prioritized=prioritized, samples_per_insert=0.5,
                            min_size_to_sample=10, error_buffer=4, seed=1)
         obs = rng.normal(size=(inserted, 2)).astype(np.float32)
         buf.add(obs, np.arange(inserted), np.arange(inserted, dtype=np.float32), obs + 1, np.full(inserted, 0.9, np.float32))
@@ -158,7 +158,7 @@ def test_batches_drawn_together_are_the_rate_limiters_count_of_real_transitions(
 
 def test_a_batch_drawn_with_others_pickles_its_own_rows_only():
     """Sent to a remote learner (Ape-X fetches 8 at a time), a batch must not carry the gather."""
-    buf = ReplayBuffer(1024, 256, (), np.int64, gamma=0.9, seed=0)
+    buf = ReplayBuffer(1024, (256,), np.float32, (), np.int64, gamma=0.9, seed=0)
     n = 1000
     buf.add(np.ones((n, 256), np.float32), np.zeros(n, np.int64), np.zeros(n, np.float32), np.ones((n, 256), np.float32),
             np.ones(n, np.float32))
@@ -175,7 +175,7 @@ def test_batches_travel_as_arrays_and_reach_the_learner_as_tensors():
     from shoal.replay import ShardedReplay
 
     for prioritized in (False, True):
-        buf = ReplayBuffer(64, 1, (), np.int64, gamma=0.9, prioritized=prioritized, seed=3)
+        buf = ReplayBuffer(64, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=prioritized, seed=3)
         buf.add(np.arange(64, dtype=np.float32)[:, None], np.arange(64), np.zeros(64, np.float32),
                 np.zeros((64, 1), np.float32), np.ones(64, np.float32))
         sent = buf.sample_ready(4, count=2)

@@ -60,9 +60,9 @@ class A2CLearner(OnPolicyLearner):
         adv = b["adv"]
         if c.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        logp, entropy = m.evaluate_actions(b["obs"], b["actions"])
+        logp, entropy, value = m.evaluate(b["obs"], b["actions"])
         pg = -(adv * logp).mean()
-        vl = 0.5 * (m.value(b["obs"]) - b["ret"]).pow(2).mean()
+        vl = 0.5 * (value - b["ret"]).pow(2).mean()
         entropy = entropy.mean()
         loss = pg + c.vf_coef * vl - c.ent_coef * entropy
         self.optimizer.zero_grad(set_to_none=True)

@@ -60,28 +60,36 @@ class DQNConfig(OffPolicyConfig):
 
 
 class QNetwork(PolicyModule):
-    """Q-values for every discrete action; acts epsilon-greedily (epsilon is a published buffer)."""
+    """Q-values for every discrete action; acts epsilon-greedily (epsilon is a published buffer).
+
+    Image observations go through a convolutional encoder, and the heads are linear on its
+    features: with the Nature encoder, the network of Mnih et al. 2015.
+    """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
                  activation: str, dueling: bool):
-        super().__init__(obs_space, action_space, normalize_obs=False)
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
         if not self.discrete:
             raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.dueling = dueling
+        if self.image:
+            hidden_sizes = ()
         if dueling:
-            self.trunk = nn.Sequential(mlp([self.obs_dim, *hidden_sizes], act, out_gain=1.0), act())
-            self.value_head = mlp([hidden_sizes[-1], 1], act, out_gain=1.0)
-            self.advantage_head = mlp([hidden_sizes[-1], self.action_dim], act, out_gain=1.0)
+            self.trunk = (nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=1.0), act())
+                          if hidden_sizes else nn.Identity())
+            width = hidden_sizes[-1] if hidden_sizes else self.feature_dim
+            self.value_head = mlp([width, 1], act, out_gain=1.0)
+            self.advantage_head = mlp([width, self.action_dim], act, out_gain=1.0)
         else:
-            self.q = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
+            self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
         self.register_buffer("epsilon", torch.tensor(1.0))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
     def forward(self, x: Tensor) -> Tensor:  # [N, actions]
         if not self.dueling:
-            return self.q(x)
-        h = self.trunk(x)
+            return self.q(self.encoder(x))
+        h = self.trunk(self.encoder(x))
         adv = self.advantage_head(h)
         return self.value_head(h) + adv - adv.mean(dim=-1, keepdim=True)  # Wang et al. eq. 9
 

@@ -85,10 +85,10 @@ class PPOLearner(OnPolicyLearner):
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
                 obs = batch["obs"][idx]
-                logp, entropy = m.evaluate_actions(obs, batch["actions"][idx])
+                logp, entropy, value = m.evaluate(obs, batch["actions"][idx])
                 entropy = entropy.mean()
                 pg = clipped_surrogate(logp, batch["logp"][idx], adv, clip)
-                vl = value_loss(m.value(obs), batch["values"][idx], batch["ret"][idx], c.vf_clip)
+                vl = value_loss(value, batch["values"][idx], batch["ret"][idx], c.vf_clip)
                 loss = pg + c.vf_coef * vl - c.ent_coef * entropy
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -179,6 +179,8 @@ class PolicyServer:
             raise WireError(f"obs must have shape [n, {', '.join(map(str, shape))}], got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
             raise WireError("obs must be finite numbers")
+        if policy.module.image and (obs.min() < 0 or obs.max() > 255):
+            raise WireError("obs are images: their values must be in [0, 255]")
         request = (policy, obs, req.deterministic)
         if self.max_batch == 1:
             [(actions, version)] = self._infer_batch([request])
@@ -194,7 +196,7 @@ class PolicyServer:
         out: list[Any] = [None] * len(requests)
         for (_, deterministic), idx in groups.items():
             policy = requests[idx[0]][0]
-            obs = np.concatenate([requests[i][1] for i in idx]).astype(np.float32, copy=False)
+            obs = np.concatenate([requests[i][1] for i in idx]).astype(policy.module.input_dtype, copy=False)
             with torch.no_grad():
                 actions = policy.act(obs, deterministic=deterministic)
             bounds = np.cumsum([0] + [len(requests[i][1]) for i in idx])

@@ -1,0 +1,175 @@
+"""Image observations: kept uint8 in their shape from the env through rollouts, replay and
+checkpoints, read by a convolutional encoder; Atari's and MiniGrid's envs made as their agents
+train on them."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.algos.dqn import QNetwork
+from shoal.envs import env_spaces, make_env
+from shoal.errors import ShoalError
+from shoal.offpolicy import replay_args
+from shoal.policy import ActorCritic, Policy
+from shoal.replay import ReplayBuffer
+from shoal.runner import EnvRunner
+from shoal.weights import WeightStore
+
+
+@pytest.mark.parametrize("shape, chw", [((12, 10, 3), (3, 12, 10)), ((4, 84, 84), (4, 84, 84)), ((9, 8), (1, 9, 8))])
+def test_images_become_uint8_channels_first_network_inputs(shape, chw):
+    space = gym.spaces.Box(0, 255, shape, np.uint8)
+    m = ActorCritic(space, gym.spaces.Discrete(3), images=True)
+    obs = np.stack([space.sample() for _ in range(5)])
+    x = m.normalize(torch.as_tensor(obs))
+    assert (m.input_shape, m.input_dtype, x.dtype, tuple(x.shape)) == (chw, np.uint8, torch.uint8, (5, *chw))
+    # the pixel at (h, w, c) of a channels-last frame is the network's (c, h, w)
+    expected = obs.transpose(0, 3, 1, 2) if shape[-1] == 3 else obs.reshape(5, *chw)
+    np.testing.assert_array_equal(x.numpy(), expected)
+    # one pass of the shared encoder gives what the separate calls give
+    actions = torch.tensor([0, 1, 2, 0, 1])
+    logp, entropy, value = m.evaluate(x, actions)
+    torch.testing.assert_close((logp, entropy), m.evaluate_actions(x, actions))
+    torch.testing.assert_close(value, m.value(x))
+    assert any(name.startswith("encoder.") for name, _ in m.named_parameters())
+
+
+def test_the_encoder_reads_pixels_scaled_to_one_and_the_policy_acts_on_one_frame_or_a_batch():
+    space = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
+    m = ActorCritic(space, gym.spaces.Discrete(4), images=True)
+    frames = np.stack([space.sample() for _ in range(6)])
+    h = m.encoder(m.normalize(torch.as_tensor(frames)))
+    direct = torch.relu(m.encoder.linear(m.encoder.convs(torch.as_tensor(frames).permute(0, 3, 1, 2).float() / 255)))
+    torch.testing.assert_close(h, direct)
+    policy = Policy(m)
+    batch = policy.act(frames)
+    assert batch.shape == (6,) and [int(policy.act(f)) for f in frames] == batch.tolist()
+
+
+def test_algorithms_without_an_image_encoder_refuse_images_clearly():
+    space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+    for algo, actions in [("trpo", gym.spaces.Discrete(3)), ("sac", gym.spaces.Box(-1, 1, (2,))),
+                          ("td3", gym.spaces.Box(-1, 1, (2,)))]:
+        config = shoal.make_config(algo, "CartPole-v1")
+        with pytest.raises(ShoalError, match=r"takes vector observations, not images .*ppo, a2c, impala, appo or dqn"):
+            shoal.algos.spec_for(config).make_policy(config, space, actions)
+    with pytest.raises(ShoalError, match="normalize_obs is for vector observations"):
+        ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=True, images=True)
+    # a float Box of three dimensions is not an image: it stays a flat vector
+    m = ActorCritic(gym.spaces.Box(-1, 1, (2, 3, 4)), gym.spaces.Discrete(3), images=True)
+    assert (m.input_shape, m.image) == ((24,), False)
+
+
+def test_minigrid_envs_are_their_agents_view_and_runners_and_replay_keep_it_uint8(tiny):
+    obs_space, action_space = env_spaces("MiniGrid-Empty-5x5-v0")  # the package is imported by its ids' prefix
+    assert obs_space == gym.spaces.Box(0, 255, (7, 7, 3), np.uint8) and action_space == gym.spaces.Discrete(7)
+    config = shoal.make_config("dqn", "MiniGrid-Empty-5x5-v0", num_envs_per_runner=2, learning_starts=0,
+                               buffer_size=1000, batch_size=8, progress=False, tensorboard=False)
+    runner = EnvRunner(config, 0, WeightStore())
+    r = runner.sample(120)  # episodes end within 100 steps: every env ends one
+    assert r.obs.dtype == np.uint8 and r.obs.shape == (120, 2, 3, 7, 7)
+    assert r.last_obs.shape == (2, 3, 7, 7) and r.final_obs.dtype == np.uint8 and len(r.final_obs) >= 2
+    args, kwargs = replay_args(config, obs_space, action_space)
+    buffer = ReplayBuffer(*args, **kwargs)
+    assert buffer.obs.dtype == np.uint8 and buffer.obs.shape == (1000, 3, 7, 7)
+    assert buffer.add_rollout(r) == 240 and buffer.next_obs.dtype == np.uint8
+    np.testing.assert_array_equal(buffer.obs[:240], r.obs.reshape(240, 3, 7, 7))  # row t * 2 + b
+    for (t, b), final in zip(r.final_idx, r.final_obs):  # an ended episode bootstraps from its own last view
+        np.testing.assert_array_equal(buffer.next_obs[t * 2 + b], final)
+        assert not np.array_equal(final, r.obs[t + 1, b])  # not from the next episode's first
+    batch = buffer.sample(8)
+    q = QNetwork(obs_space, action_space, (64,), "relu", dueling=True)
+    assert batch.obs.dtype == torch.uint8 and q(batch.obs).shape == (8, 7)
+
+
+def test_atari_games_are_preprocessed_as_dqn_trained_on_them():
+    env = make_env("ALE/Pong-v5")
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        obs, _ = env.reset(seed=0)
+        assert obs.dtype == np.uint8 and obs.shape == (4, 84, 84)
+        frames = [env.step(0)[0] for _ in range(3)]
+        assert np.array_equal(frames[-1][:3], frames[-2][1:])  # a stack of the last 4 frames, oldest first
+        assert env.unwrapped._frameskip == 1 and env.spec.kwargs["repeat_action_probability"] == 0.25
+    finally:
+        env.close()
+    config = shoal.make_config("ppo", "ALE/Pong-v5")
+    assert (config.clip_rewards, config.num_envs_per_runner, config.rollout_steps, config.clip) == (True, 8, 128, 0.1)
+    assert shoal.make_config("dqn", "ALE/Breakout-v5").buffer_size == 100_000  # the ALE/* presets
+
+
+def test_a_missing_env_package_names_the_extra_to_install(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: (_ for _ in ()).throw(ImportError(name)) if name == "minigrid" else real(name, *a))
+    monkeypatch.delitem(gym.registry, "MiniGrid-FourRooms-v0", raising=False)
+    with pytest.raises(ShoalError, match=r"its envs need the minigrid package \(`pip install 'shoal\[minigrid\]'`\)"):
+        make_env("MiniGrid-FourRooms-v0")
+
+
+def test_clip_rewards_trains_on_signs_and_reports_the_env_returns(tiny):
+    r = EnvRunner(tiny(env="Pendulum-v1", num_envs_per_runner=2, clip_rewards=True), 0, WeightStore()).sample(200)
+    assert set(np.unique(r.rewards)) <= {-1.0, 0.0} and (r.rewards == -1).sum() > 300
+    assert len(r.episode_returns) == 2 and max(r.episode_returns) < -200  # Pendulum's own returns
+
+
+def test_ppo_trains_on_atari_checkpoints_and_evaluates_with_video(tmp_path):
+    config = shoal.make_config("ppo", "ALE/Breakout-v5", num_envs_per_runner=2, rollout_steps=32,
+                               minibatch_size=32, total_steps=128, eval_interval=0, eval_episodes=1,
+                               eval_max_steps=50, progress=False, tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    assert summary["env_steps"] == 128
+    policy = shoal.load_policy(tmp_path / "run")
+    assert policy.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    saved = torch.load(next((tmp_path / "run" / "checkpoints").glob("ckpt_*/policy.pt")), weights_only=True)
+    assert (saved["obs_space"]["low"], saved["obs_space"]["high"]) == (0, 255)  # once, not 28,224 times each
+    from shoal.evaluator import record_episodes
+
+    paths, stats = record_episodes(policy.module, "ALE/Breakout-v5", 1, False, 0, tmp_path / "videos", max_steps=50)
+    assert paths[0].name == "ALE_Breakout-v5-episode-0.mp4" and stats["eval/length_mean"] == 50
+
+
+def test_image_observations_cross_the_wire_as_uint8_and_central_inference_serves_them(tmp_path):
+    from shoal.remote.envserver import EnvServer
+
+    server = EnvServer("MiniGrid-Empty-5x5-v0", 2).start()
+    try:
+        config = shoal.make_config("ppo", f"remote://{server.address}", rollout_steps=16, minibatch_size=32,
+                                   total_steps=64, eval_interval=0, progress=False, tensorboard=False)
+        runner = EnvRunner(config, 0, WeightStore())
+        assert runner.env.single_observation_space == gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
+        r = runner.sample(8)
+        assert r.obs.dtype == np.uint8 and r.obs.shape == (8, 2, 3, 7, 7)
+    finally:
+        server.stop(grace=0)
+    config = shoal.make_config("ppo", "MiniGrid-Empty-5x5-v0", inference="central", rollout_steps=16,
+                               minibatch_size=64, total_steps=256, eval_interval=0, progress=False, tensorboard=False)
+    assert shoal.train(config, run_dir=tmp_path / "central")["env_steps"] == 256
+
+
+def test_the_policy_server_serves_an_image_policy_as_it_acts(tmp_path):
+    import grpc
+
+    from shoal.remote.policyserver import PolicyClient, PolicyServer
+
+    config = shoal.make_config("ppo", "MiniGrid-Empty-5x5-v0", num_envs_per_runner=2, rollout_steps=16,
+                               minibatch_size=32, total_steps=32, eval_interval=0, progress=False, tensorboard=False)
+    shoal.train(config, run_dir=tmp_path / "run")
+    policy = shoal.load_policy(tmp_path / "run")
+    server = PolicyServer({"default": tmp_path / "run"}, port=0, max_batch=8, max_wait_ms=5).start()
+    client = PolicyClient(server.address)
+    try:
+        obs = np.random.default_rng(0).integers(0, 11, (16, 7, 7, 3), dtype=np.uint8)
+        expected = policy.act(obs)
+        np.testing.assert_array_equal(np.concatenate([client.act(obs[i:i + 4])[0] for i in range(0, 16, 4)]), expected)
+        np.testing.assert_array_equal(client.act(obs.astype(np.float32))[0], expected)  # the same pixels as floats
+        with pytest.raises(shoal.ServerError) as e:
+            client.act(np.full((1, 7, 7, 3), 300.0, np.float32))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "[0, 255]" in e.value.details()
+    finally:
+        client.close()
+        server.stop(grace=0)
