@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,6 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
-    import imageio.v2 as imageio
-
     out = Path(video_dir)
     out.mkdir(parents=True, exist_ok=True)
     env = make_env(env_id, render_mode="rgb_array")
@@ -66,12 +65,35 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         lengths[i] = len(frames) - 1  # the first frame is the reset's
         path = out / f"{file_name(env_id)}-episode-{i}.mp4"
         tmp = path.with_suffix(".tmp.mp4")
-        # macro_block_size=1 keeps odd frame sizes as they are instead of resizing with a warning.
-        imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1)
+        try:
+            write_mp4(tmp, frames, fps)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(path)
         paths.append(path)
     env.close()
     return paths, episode_stats(returns, lengths)
+
+
+def write_mp4(path: str | Path, frames: list[np.ndarray], fps: float) -> None:
+    """Encode RGB frames (height, width, 3) to an H.264 mp4 in this process, with PyAV.
+
+    In-process, not by piping to an ffmpeg child: forking a process that holds gRPC, Ray and torch
+    threads is what the fork-based writers (imageio-ffmpeg) risk, and one CI run lost a video so.
+    H.264's 4:2:0 colour needs even sides: an odd one is padded by repeating its last row or column.
+    """
+    import av
+
+    h, w = frames[0].shape[:2]
+    pad = ((0, h % 2), (0, w % 2), (0, 0))
+    with av.open(str(path), mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
+        for frame in frames:
+            rgb = np.ascontiguousarray(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+        container.mux(stream.encode())  # flush the encoder's delayed frames
 
 
 class Evaluator:

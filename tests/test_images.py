@@ -2,6 +2,7 @@
 checkpoints, read by a convolutional encoder; Atari's and MiniGrid's envs made as their agents
 train on them."""
 
+import av
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -131,6 +132,23 @@ def test_ppo_trains_on_atari_checkpoints_and_evaluates_with_video(tmp_path):
 
     paths, stats = record_episodes(policy.module, "ALE/Breakout-v5", 1, False, 0, tmp_path / "videos", max_steps=50)
     assert paths[0].name == "ALE_Breakout-v5-episode-0.mp4" and stats["eval/length_mean"] == 50
+    with av.open(str(paths[0])) as video:  # the reset's frame and one per step, at the screen's size
+        stream = video.streams.video[0]
+        assert (stream.codec_context.name, stream.width, stream.height) == ("h264", 160, 210)
+        assert sum(1 for _ in video.decode(stream)) == 51
+
+
+def test_videos_of_odd_sized_frames_keep_every_frame_padded_to_even_sides(tmp_path):
+    from shoal.evaluator import write_mp4
+
+    frames = [np.full((75, 51, 3), 3 * i, np.uint8) for i in range(12)]
+    write_mp4(tmp_path / "odd.mp4", frames, fps=50)
+    with av.open(str(tmp_path / "odd.mp4")) as video:
+        stream = video.streams.video[0]
+        assert (stream.width, stream.height, stream.average_rate) == (52, 76, 50)
+        decoded = [f.to_ndarray(format="rgb24") for f in video.decode(stream)]
+    assert len(decoded) == 12
+    assert abs(int(decoded[-1][37, 25, 0]) - 33) <= 2  # lossy, but the frames stay in their order
 
 
 def test_image_observations_cross_the_wire_as_uint8_and_central_inference_serves_them(tmp_path):
