@@ -70,11 +70,11 @@ class OnPolicyConfig(Config):
         return self.rollout_steps
 
 
-def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorCritic:
-    """The actor-critic network every on-policy algorithm trains (TRPO's natural gradient is not
-    taken through a convolutional encoder: it takes vector observations only)."""
+def make_actor_critic(config: OnPolicyConfig, obs_space, action_space, images: bool = True) -> ActorCritic:
+    """The actor-critic network every on-policy algorithm trains; ``images=False`` for an
+    algorithm that takes vector observations only."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
-                       config.normalize_obs, config.log_std_init, images=config.algo != "trpo")
+                       config.normalize_obs, config.log_std_init, images=images)
 
 
 class OnPolicyLearner(Learner):

@@ -21,6 +21,7 @@ from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.learner import clip_grad_norm
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
+from shoal.policy import ActorCritic
 from shoal.runner import Rollout
 
 
@@ -158,5 +159,11 @@ class TRPOLearner(OnPolicyLearner):
                 "learner/explained_variance": explained_variance(b["values"], b["ret"])}
 
 
-register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_actor_critic, "sync",
+def make_trpo_policy(config: TRPOConfig, obs_space, action_space) -> ActorCritic:
+    """TRPO's actor-critic, on vector observations only: its natural gradient (conjugate
+    gradients on the KL's Hessian) is not taken through a convolutional encoder."""
+    return make_actor_critic(config, obs_space, action_space, images=False)
+
+
+register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_trpo_policy, "sync",
                   "Trust Region Policy Optimization, discrete and continuous actions"))
