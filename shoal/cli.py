@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import inspect
 import io
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -459,6 +460,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("shoal: interrupted", highlight=False)
         return 130
+    except BrokenPipeError:
+        if not _reader_gone(sys.stdout):  # a pipe of the run's own (a socket, a subprocess) is a real error
+            raise
+        # `shoal train ppo --help | head`: the reader left. Say nothing more, and point stdout at
+        # /dev/null, or the interpreter's own flush at exit fails again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a writer stopped by SIGPIPE (128 + 13)
+
+
+def _reader_gone(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe whose reading end has been closed."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 if __name__ == "__main__":

@@ -257,6 +257,18 @@ def test_a_docstring_wrapped_in_the_source_is_one_paragraph_of_help(capsys, monk
     assert "usage: shoal serve-env [-h] [OPTIONS] ENV_ID" in capsys.readouterr().out
 
 
+def test_help_into_a_pipe_whose_reader_left_ends_quietly():
+    """`shoal train ppo --help | head -1`: head exits first; shoal's writes then fail with EPIPE."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before shoal writes anything
+    try:
+        p = subprocess.run([sys.executable, "-m", "shoal", "train", "ppo", "--help"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert p.returncode == 141 and p.stderr == ""
+
+
 def test_unreachable_ray_address_fails_fast_without_a_traceback():
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray",
