@@ -13,7 +13,7 @@ from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import RemoteVectorEnv
 from shoal.remote.envserver import EnvServer
-from shoal.remote.wire import WireError, check_actions, decode_space, encode, encode_space
+from shoal.remote.wire import WireError, check_actions, decode, decode_space, encode, encode_space
 
 TOKEN = "a-test-token-of-32-characters!!"
 
@@ -61,6 +61,24 @@ def test_every_space_kind_crosses_the_wire_and_bounds_its_actions(space, good, b
     assert np.array_equal(check_actions(space, good, len(good)), good)
     with pytest.raises(WireError, match="out of bounds"):
         check_actions(space, bad, len(bad))
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(12, dtype=np.float32).reshape(3, 4),
+    np.arange(12, dtype=">i4").reshape(3, 4),  # big-endian: sent little-endian
+    np.arange(12.0).reshape(3, 4).T,  # not C-contiguous: sent in C order
+    np.zeros((2, 6), np.uint8)[:, ::2],
+    np.array([True, False]),
+    np.float16(1.5),  # rank 0
+])
+def test_arrays_cross_the_wire_with_their_values_shape_and_dtype(array):
+    msg = pb.Array.FromString(encode(array).SerializeToString())
+    assert msg.dtype == array.dtype.name and len(msg.data) == array.nbytes
+    back = decode(msg)
+    assert back.shape == array.shape and back.dtype == array.dtype.newbyteorder("<")
+    assert np.array_equal(back, array)
+    with pytest.raises(WireError, match="cannot send dtype <U1"):
+        encode(np.array(["a"]))
 
 
 def test_remote_vector_env_steps_like_the_local_one(servers):
