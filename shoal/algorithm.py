@@ -331,6 +331,15 @@ class Algorithm:
             raise ShoalError(f"checkpoint {path} is from algorithm {meta['algo']!r}, not {self.spec.name!r}")
         state = ckpt.read_state(path)
         self.backend.get(self.learner.call("set_state", state["learner"]))
+        if "replay" in state["learner"] and state["learner"]["replay"] is None:
+            import logging
+
+            c = self.config
+            shards = c.num_replay_shards if c.apex else 1
+            refill = max(c.learning_starts // shards, c.batch_size) * shards  # as replay_args sizes each shard
+            logging.getLogger("shoal").warning(
+                "checkpoint %s holds no replay buffer (the run did not set --save-replay): updates "
+                "resume once %s new transitions refill it", path, f"{refill:,}")
         runners = state["runners"]
         if len(runners) == len(self.runners):
             self.backend.get([r.call("set_state", s) for r, s in zip(self.runners, runners)])

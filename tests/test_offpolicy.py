@@ -183,7 +183,7 @@ def test_epsilon_schedule():
     (SACConfig, "CartPole-v1", {"n_step": 3}),  # SAC-Discrete
     (DQNConfig, "CartPole-v1", {"prioritized": True, "n_step": 3, "dueling": True}),
 ])
-def test_resume_with_saved_replay_continues_exactly(tmp_path, cls, env, extra):
+def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,
                  num_envs_per_runner=2, save_replay=True, total_steps=10_000, torch_threads=1,
                  progress=False, tensorboard=False, eval_interval=0, **extra)
@@ -201,6 +201,7 @@ def test_resume_with_saved_replay_continues_exactly(tmp_path, cls, env, extra):
     with shoal.load(tmp_path / "ck") as algo:
         resumed = run(algo, 6)
     assert resumed["updates"] == full["updates"] > 0
+    assert "no replay buffer" not in caplog.text
     for k, v in full["weights"].items():
         np.testing.assert_array_equal(v, resumed["weights"][k], err_msg=k)
 
@@ -220,7 +221,7 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         assert metrics["learner/updates"] > 0
 
 
-def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_samples_it(tmp_path):
+def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_samples_it(tmp_path, caplog):
     """While a shard fills to the size the learner samples from (learning_starts, or after a
     resume without the replay), an Ape-X runner inserts as much as the rate limiter allows, up
     to 256 steps a rollout, then goes back to rollout_steps."""
@@ -240,6 +241,9 @@ def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_sample
         updates = algo.learner.obj.updates
         algo.save(tmp_path / "ck")  # without --save-replay
     with shoal.load(tmp_path / "ck") as algo:  # the learned policy refills the shard, in long rollouts again
+        # and the user is told why the learner waits
+        assert "holds no replay buffer (the run did not set --save-replay): updates resume once 1,000 new " \
+               "transitions refill it" in caplog.text
         resumed = [algo.train()["env_steps"] for _ in range(7)]
         assert np.diff([steps[-1], *resumed]).tolist() == filling
         assert algo.learner.obj.updates > updates  # and the learner samples it once refilled
