@@ -306,8 +306,9 @@ def _raise_if_shared_object_lost(e: BaseException) -> None:
 
 
 def _check_reachable(address: str | None) -> None:
-    """Fail in seconds, not minutes, when a host:port address does not answer: ``ray.init`` keeps
-    retrying an unreachable GCS for a long time before giving up."""
+    """Fail in seconds, not minutes, when a host:port address does not answer, or answers as
+    something other than a Ray head node's GCS (the dashboard's port, say): ``ray.init`` keeps
+    retrying either for minutes, printing Ray's C++ warnings, before giving up."""
     import socket
 
     if not address or address == "auto" or "://" in address:
@@ -320,6 +321,23 @@ def _check_reachable(address: str | None) -> None:
     except OSError as e:
         raise ShoalError(f"cannot reach a Ray cluster at {address}: {e.strerror or e} "
                          "(is `ray start --head` running there?)") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", ""):
+        return  # a TLS cluster's GCS takes no plaintext call; ray.init has the certificates
+    import grpc
+
+    # The GCS's own gRPC method that ray.init calls first, with an empty request: a head node
+    # answers it, or refuses it for want of the cluster's token (ray.init sends that).
+    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:  # direct, as Ray's
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")
+        try:
+            call(b"", timeout=3)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAUTHENTICATED:
+                # gRPC's "failed to connect ...; last error: ...: ipv4:HOST:PORT: what" -> what
+                detail = (e.details() or "-").splitlines()[0].rpartition(f":{port}: ")[2]
+                raise ShoalError(f"{address} answers, but not as a Ray cluster ({e.code().name}: {detail}); "
+                                 "give the head node's GCS port, 6379 unless `ray start --port` chose "
+                                 "another (8265 is the dashboard's)") from None
 
 
 def _send_token_when_joining(address: str | None) -> None:

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -276,6 +277,31 @@ def test_unreachable_ray_address_fails_fast_without_a_traceback():
                        timeout=60, env=env)
     assert p.returncode == 2
     assert "cannot reach a Ray cluster at 127.0.0.1:9" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_an_address_where_something_else_listens_fails_fast_naming_the_gcs_port():
+    """The dashboard's port (8265) given for the GCS's: ray.init would retry for minutes."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        started = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray",
+                            "--address", address, "--no-progress"], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        elapsed = time.perf_counter() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    [line] = p.stderr.strip().splitlines()  # no Ray warnings before it
+    assert line.startswith(f"shoal: error: {address} answers, but not as a Ray cluster (UNAVAILABLE: ")
+    assert line.endswith("give the head node's GCS port, 6379 unless `ray start --port` chose another "
+                         "(8265 is the dashboard's)")
+    assert elapsed < 30
 
 
 def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
