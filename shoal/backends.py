@@ -153,13 +153,15 @@ class RayWeightStore:
 
 
 class RayBackend:
-    """Every role a Ray actor. Starts a local cluster, or joins one with ``--address``."""
+    """Every role a Ray actor. Starts a local cluster, or joins one with ``--address`` (or the
+    ``RAY_ADDRESS`` a Ray Job's entrypoint is given)."""
 
     name = "ray"
 
     def __init__(self, config: Any):
-        if config.address is not None:
-            _send_token_when_joining(config.address)  # before `import ray`, which reads the mode
+        address = config.address or _job_address()
+        if address is not None:
+            _send_token_when_joining(address)  # before `import ray`, which reads the mode
         import ray
 
         self.config = config
@@ -167,8 +169,8 @@ class RayBackend:
         self.store_name: str | None = None  # the weight store's actor name, once made
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
-            _check_reachable(config.address)
-            if config.address is None:
+            _check_reachable(address)
+            if address is None:
                 # Ray's GCS keeps events of the last 100,000 tasks for its dashboard; a long run
                 # makes millions, and that history alone grew ~9 MiB a minute here (MEASURED in
                 # benchmarks/soak_faults.py). shoal starts no dashboard: keep 10,000.
@@ -179,12 +181,13 @@ class RayBackend:
             try:
                 # "local": always a new cluster when no address is given; a bare ray.init() would
                 # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.
-                ray.init(address=config.address or "local", include_dashboard=False,
+                ray.init(address=address or "local", include_dashboard=False,
                          logging_level=logging.WARNING, log_to_driver=True)
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
-                where = config.address or "a new local cluster"
+                where = address or "a new local cluster"
                 raise ShoalError(f"cannot start or reach Ray at {where}: {str(e).splitlines()[0]} "
-                                 "(start one with `ray start --head`, or drop --address)") from None
+                                 "(start one with `ray start --head`, or drop "
+                                 f"{'--address' if config.address else 'RAY_ADDRESS'})") from None
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
 
     def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
@@ -305,6 +308,16 @@ def _raise_if_shared_object_lost(e: BaseException) -> None:
                                "lost with the role that owned it (the learner, for published weights)") from e
 
 
+def _job_address() -> str | None:
+    """The cluster a Ray Job's entrypoint runs on: Ray sets ``RAY_ADDRESS`` to its GCS's host:port
+    there (``ray job submit -- shoal train ... --backend ray``), and a bare ``ray.init()`` joins
+    it. An http(s):// one names a dashboard, for the ``ray job`` commands, not a cluster to join."""
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if not address or address == "local" or address.startswith(("http://", "https://")):
+        return None
+    return address
+
+
 def _check_reachable(address: str | None) -> None:
     """Fail in seconds, not minutes, when a host:port address does not answer, or answers as
     something other than a Ray head node's GCS (the dashboard's port, say): ``ray.init`` keeps
@@ -315,7 +328,7 @@ def _check_reachable(address: str | None) -> None:
         return
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
-        raise ShoalError(f"--address must be 'auto' or host:port, got {address!r}")
+        raise ShoalError(f"a Ray address (--address, RAY_ADDRESS) must be 'auto' or host:port, got {address!r}")
     try:
         socket.create_connection((host, int(port)), timeout=3).close()
     except OSError as e:

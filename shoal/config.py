@@ -32,7 +32,8 @@ class Config:
     backend: Literal["local", "ray"] = "local"
     """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
     address: str | None = None
-    """Ray cluster to join (`auto`, or host:port); default starts a local cluster. Ray backend only."""
+    """Ray cluster to join (`auto`, or host:port); default: RAY_ADDRESS's (as a Ray Job's entrypoint
+    gets it) if set, else a new local cluster. Ray backend only."""
     num_env_runners: int = 1
     """Number of env runners sampling in parallel."""
     num_envs_per_runner: int = 8

@@ -7,6 +7,7 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.pop("RAY_ADDRESS", None)  # the ray backend would join that cluster; the tests start their own
 
 
 def small_ppo(**overrides):

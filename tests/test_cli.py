@@ -270,11 +270,14 @@ def test_help_into_a_pipe_whose_reader_left_ends_quietly():
     assert p.returncode == 141 and p.stderr == ""
 
 
-def test_unreachable_ray_address_fails_fast_without_a_traceback():
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
+def test_unreachable_ray_address_fails_fast_without_a_traceback(how):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray",
-                        "--address", "127.0.0.1:9", "--no-progress"], capture_output=True, text=True,
-                       timeout=60, env=env)
+    flags = ["--address", "127.0.0.1:9"] if how == "--address" else []
+    if how == "RAY_ADDRESS":  # as a Ray Job's entrypoint gets it
+        env["RAY_ADDRESS"] = "127.0.0.1:9"
+    p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--backend", "ray", *flags,
+                        "--no-progress"], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 2
     assert "cannot reach a Ray cluster at 127.0.0.1:9" in p.stderr and "Traceback" not in p.stderr
 

@@ -37,21 +37,32 @@ def head_node():
             break
         except OSError:
             time.sleep(0.5)
-    yield f"127.0.0.1:{port}"
+    yield f"127.0.0.1:{port}", Path(temp)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     subprocess.run(["pkill", "-9", "-f", temp], check=False)
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_train_joins_a_running_cluster_by_address(head_node, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+@pytest.mark.parametrize("how", ["--address", "RAY_ADDRESS"])
+def test_train_joins_a_running_cluster_by_address(head_node, tmp_path, how):
+    """By --address, or by the RAY_ADDRESS that Ray sets for a Ray Job's entrypoint
+    (`ray job submit -- shoal train ... --backend ray`)."""
+    address, temp = head_node
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    flags = ["--address", address] if how == "--address" else []
+    if how == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = address
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--env", "CartPole-v1",
-                        "--backend", "ray", "--address", head_node, "--num-env-runners", "2",
+                        "--backend", "ray", *flags, "--num-env-runners", "2",
                         "--total-steps", "2048", "--no-progress", "--no-tensorboard",
                         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "run" / "checkpoints").is_dir() and (tmp_path / "run" / "curve.png").is_file()
+    # The roles ran on that cluster, not on a new local one: its workers' logs name them.
+    actors = {line for f in (temp / "session_latest" / "logs").glob("worker-*.out")
+              for line in f.read_text().splitlines() if line.startswith(":actor_name:")}
+    assert {":actor_name:EnvRunner", ":actor_name:PPOLearner"} <= actors, actors
 
 
 def test_a_local_ray_run_prints_no_ray_warnings(tmp_path):
