@@ -334,9 +334,10 @@ class Algorithm:
         if "replay" in state["learner"] and state["learner"]["replay"] is None:
             import logging
 
-            c = self.config
-            shards = c.num_replay_shards if c.apex else 1
-            refill = max(c.learning_starts // shards, c.batch_size) * shards  # as replay_args sizes each shard
+            from shoal.offpolicy import min_size_to_sample
+
+            shards = self.config.num_replay_shards  # 1 unless --apex
+            refill = min_size_to_sample(self.config, shards) * shards
             logging.getLogger("shoal").warning(
                 "checkpoint %s holds no replay buffer (the run did not set --save-replay): updates "
                 "resume once %s new transitions refill it", path, f"{refill:,}")

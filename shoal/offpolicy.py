@@ -179,6 +179,12 @@ class ScaledActions(PolicyModule):
         return torch.rand((n, self.action_dim), generator=generator) * 2 - 1
 
 
+def min_size_to_sample(config: OffPolicyConfig, shards: int = 1) -> int:
+    """Transitions a shard holds before the learner samples it: learning_starts split between the
+    shards, and at least a batch."""
+    return max(config.learning_starts // shards, config.batch_size)
+
+
 def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym.Space,
                 shards: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments of one ReplayBuffer shard (capacity split between shards)."""
@@ -191,7 +197,7 @@ def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym
     slack = spi * config.steps_per_rollout * config.num_envs_per_runner * 2 if config.apex else config.batch_size
     kwargs = dict(gamma=config.gamma, n_step=config.n_step, prioritized=config.prioritized,
                   alpha=config.priority_alpha, samples_per_insert=spi,
-                  min_size_to_sample=max(config.learning_starts // shards, config.batch_size),
+                  min_size_to_sample=min_size_to_sample(config, shards),
                   error_buffer=slack, seed=config.seed)
     return args, kwargs
 
