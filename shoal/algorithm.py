@@ -329,6 +329,7 @@ class Algorithm:
         meta = ckpt.read_meta(path)
         if meta["algo"] != self.spec.name:
             raise ShoalError(f"checkpoint {path} is from algorithm {meta['algo']!r}, not {self.spec.name!r}")
+        self._check_network_fits(path)
         state = ckpt.read_state(path)
         self.backend.get(self.learner.call("set_state", state["learner"]))
         if "replay" in state["learner"] and state["learner"]["replay"] is None:
@@ -356,6 +357,29 @@ class Algorithm:
             self.runner_health = faults["runner_health"]
             if len(faults["incarnations"]) == len(self.incarnations):
                 self.incarnations = faults["incarnations"]
+
+    def _check_network_fits(self, path: Path) -> None:
+        """Refuse, in one line and before any role loads it, a checkpoint whose network these
+        settings do not build (``hidden_sizes``, ``dueling``, ``normalize_obs`` or the env's
+        spaces changed since it was written)."""
+        payload = ckpt.read_policy(path)
+        here = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
+        there = payload["weights"]
+
+        def shape(weights: dict[str, Any], key: str) -> list[int] | str:
+            return list(weights[key].shape) if key in weights else "absent"
+
+        wrong = [k for k in sorted(here.keys() | there.keys()) if shape(here, k) != shape(there, k)]
+        if not wrong:
+            return
+        saved, now = to_dict(config_from_dict(self.spec.name, payload["config"])), to_dict(self.config)
+        changed = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items()
+                   if saved.get(k) != v and k not in ("total_steps", "stop_return")]
+        raise ShoalError(
+            f"checkpoint {path} holds a network these settings do not build ({wrong[0]}: "
+            f"{shape(there, wrong[0])} in the checkpoint, {shape(here, wrong[0])} now); changed since it was "
+            f"written: {', '.join(changed) or 'none of the settings'}. Resume with the run's own values "
+            "for the settings that shape the network")
 
     def stop(self) -> None:
         """Release the roles (and Ray, if this run started it)."""

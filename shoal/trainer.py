@@ -245,13 +245,13 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
         algo = read_run_config(run_dir)["algo"]
     checkpoint = ckpt.resolve(run_dir)
     run = RunDir(run_dir, config.tensorboard)
-    run.write_config(algo, config)
     instance = Algorithm(config)
     try:
         instance.restore(checkpoint)
         if instance.env_steps >= config.total_steps:
             raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
                              f"pass a larger --total-steps to train on")
+        run.write_config(algo, config)  # only once the checkpoint took these settings
     except BaseException:
         instance.stop()
         raise

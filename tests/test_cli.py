@@ -194,6 +194,24 @@ def test_resume_of_another_algorithms_run_is_refused(capsys, tmp_path):
     assert code == 2 and "is a 'dqn' run, not 'ppo'" in err
 
 
+def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_run_as_it_was(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-steps", "64",
+                           "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    saved = (run / "config.yaml").read_text()
+    for change, named in ((["--set", "hidden_sizes=[32, 32]"], "hidden_sizes [64, 64] -> [32, 32]"),
+                          (["--normalize-obs"], "normalize_obs False -> True"),
+                          (["--env", "Acrobot-v1"], "env CartPole-v1 -> Acrobot-v1")):
+        code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *change, *FAST)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "holds a network these settings do not build" in err and f"written: {named}." in err, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "32", *FAST)
+    assert code == 2 and "already reached total_steps=32" in err
+    assert (run / "config.yaml").read_text() == saved  # no refused resume rewrote the run's settings
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
+    assert code == 0, err
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: invalid literal for int()"),
     (["train", "ppo", "--lrr", "3"], "Unrecognized options: --lrr, 3; did you mean --lr? (see shoal train ppo --help)"),
