@@ -199,6 +199,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     args = _parse(EvalArgs, argv, "shoal eval")
     if args.episodes < 1 or args.max_steps < 1:
         raise ShoalError("--episodes and --max-steps must be at least 1")
+    if args.seed < 0:
+        raise ShoalError("--seed must be 0 or more (Gymnasium takes no negative seeds)")
     if args.deterministic and args.stochastic:
         raise ShoalError("--deterministic and --stochastic exclude each other")
     path = ckpt.resolve(args.path)

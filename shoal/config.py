@@ -95,6 +95,7 @@ class Config:
     def __post_init__(self) -> None:
         if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
             object.__setattr__(self, "env", env_setting(self.env))
+        _check(self.seed >= 0, "seed must be 0 or more (Gymnasium and NumPy take no negative seeds)")
         _check(self.num_env_runners >= 1, "num_env_runners must be at least 1")
         _check(self.num_envs_per_runner >= 1, "num_envs_per_runner must be at least 1")
         _check(self.total_steps >= 1, "total_steps must be positive")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 from shoal.errors import ShoalError
@@ -37,11 +38,23 @@ def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
     import matplotlib.pyplot as plt
 
     out = Path(out)
-    fig.tight_layout()
-    tmp = out.with_name(f".{out.stem}.tmp.png")
-    fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
-    tmp.replace(out)
+    kind = out.suffix[1:].lower() or "png"  # the file's format, by its name (matplotlib's rule)
+    kinds = fig.canvas.get_supported_filetypes()
+    if kind not in kinds:
+        plt.close(fig)
+        raise ShoalError(f"cannot write {out}: a plot's name ends in one of "
+                         f"{', '.join('.' + k for k in sorted(kinds))}")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(tmp, dpi=dpi, format=kind)
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ShoalError(f"cannot write {out}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
     return out
 
 

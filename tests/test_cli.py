@@ -78,6 +78,19 @@ def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(
     assert not out.exists() and plt.get_fignums() == []  # no figure left open in the process
 
 
+def test_plot_writes_the_format_its_name_asks_for_into_a_new_directory(capsys, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    for name, magic in (("a/b/curve.svg", b"<?xml"), ("curve.pdf", b"%PDF"), ("curve", b"\x89PNG")):
+        code, out, err = run_cli(capsys, "plot", str(run), "--out", str(tmp_path / name))
+        assert code == 0, err
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    code, _, err = run_cli(capsys, "plot", str(run), "--out", str(tmp_path / "curve.foo"))
+    assert code == 2 and "cannot write" in err and ".svg" in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.glob(".*tmp*")) and not (tmp_path / "curve.foo").exists()
+
+
 def test_eval_acts_as_the_runs_own_evaluations_unless_told(capsys, tmp_path):
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--set", "eval_deterministic=false",
@@ -219,6 +232,8 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
     (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),
     (["eval"], "Missing from shoal eval: RUN_DIR_OR_CHECKPOINT (see shoal eval --help)"),
+    (["train", "ppo", "--seed", "-1"], "seed must be 0 or more"),
+    (["eval", ".", "--seed", "-1"], "--seed must be 0 or more"),
     (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),
 ])
 @pytest.mark.parametrize("utf8_boxes", [False, True])  # tyro draws its box in ASCII unless stdout is UTF-8

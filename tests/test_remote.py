@@ -200,6 +200,8 @@ def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(servers):
                           grpc.StatusCode.INVALID_ARGUMENT),
         "out of bounds": (lambda: step(encode(np.full((2, 1), 9.0, np.float32))), grpc.StatusCode.INVALID_ARGUMENT),
         "not finite": (lambda: step(encode(np.full((2, 1), np.nan, np.float32))), grpc.StatusCode.INVALID_ARGUMENT),
+        "negative seed": (lambda: raw_call(addr, "Reset", pb.ResetRequest(session=session, seed=-1).SerializeToString(),
+                                           TOKEN), grpc.StatusCode.INVALID_ARGUMENT),
         "unknown session": (lambda: step(ok, session="nope"), grpc.StatusCode.NOT_FOUND),
         "unknown env id": (lambda: raw_call(addr, "Open", pb.OpenRequest(env_id="CartPole-v1").SerializeToString(),
                                             TOKEN), grpc.StatusCode.NOT_FOUND),

@@ -135,6 +135,8 @@ class EnvServer:
 
     def reset(self, req: pb.ResetRequest, context: Any) -> pb.ResetReply:
         s = self._session(req.session)
+        if req.HasField("seed") and req.seed < 0:  # Gymnasium refuses it: the client's mistake, not the env's
+            raise Abort(grpc.StatusCode.INVALID_ARGUMENT, f"seed must be 0 or more, got {req.seed}")
         with s.lock:
             obs, info = self._call(req.session, s, lambda: s.env.reset(seed=req.seed if req.HasField("seed") else None))
             s.needs_reset = False
