@@ -11,6 +11,7 @@ import torch
 from gymnasium.vector import VectorEnv
 
 from shoal.envs import file_name, make_env, make_vector_env
+from shoal.errors import ShoalError
 from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 
@@ -48,7 +49,12 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
     out = Path(video_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ShoalError(f"--video takes a directory to write the episodes into; {out} is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ShoalError(f"cannot write videos into {out}: {e.strerror}") from None
     env = make_env(env_id, render_mode="rgb_array")
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
@@ -67,8 +73,10 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         tmp = path.with_suffix(".tmp.mp4")
         try:
             write_mp4(tmp, frames, fps)
-        except BaseException:
+        except BaseException as e:
             tmp.unlink(missing_ok=True)
+            if isinstance(e, OSError):  # PyAV's file errors are OSErrors too
+                raise ShoalError(f"cannot write {path}: {e.strerror or e}") from None
             raise
         tmp.replace(path)
         paths.append(path)

@@ -43,6 +43,9 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert "over 3 episodes (deterministic" in out
     videos = sorted((tmp_path / "videos").glob("*.mp4"))
     assert len(videos) == 3 and all(v.stat().st_size > 1000 for v in videos)
+    for not_a_dir, message in ((run / "config.yaml", "is a file"), (run / "config.yaml" / "v", "Not a directory")):
+        code, out, err = run_cli(capsys, "eval", str(run), "--episodes", "1", "--video", str(not_a_dir))
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2")  # as the run's evaluations
     assert code == 0 and "over 2 episodes (deterministic" in out
     code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2", "--stochastic")
