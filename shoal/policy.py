@@ -340,7 +340,11 @@ class Policy:
             generator: torch.Generator | None = None) -> np.ndarray:
         """Actions for one observation or a batch [N, *obs_shape]."""
         obs = np.asarray(obs, dtype=self.module.input_dtype)
-        single = obs.shape == self.observation_space.shape
+        shape = self.observation_space.shape
+        single = obs.shape == shape
+        if not single and obs.shape[1:] != shape:
+            raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape} "
+                             f"or a batch of shape (N, {', '.join(map(str, shape))})")
         batch = torch.as_tensor(obs[None] if single else obs)
         actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
         return actions[0] if single else actions

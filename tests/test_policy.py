@@ -2,9 +2,11 @@
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from torch.distributions import Categorical, Normal
 
+from shoal.errors import ShoalError
 from shoal.learner import clip_grad_norm
 from shoal.policy import ActorCritic, Moments, Policy, RunningNorm
 
@@ -56,6 +58,9 @@ def test_act_accepts_one_observation_or_a_batch_and_respects_bounds():
     assert np.all(np.abs(batch) <= 0.5) and np.all(np.abs(one) <= 0.5)
     discrete = Policy(ActorCritic(obs_space, gym.spaces.Discrete(3)))
     assert discrete.act(np.zeros(3)).shape == () and discrete.act(np.zeros((4, 3))).shape == (4,)
+    for wrong in (np.zeros(4), np.zeros((2, 4)), np.zeros((2, 2, 3)), np.zeros(())):
+        with pytest.raises(ShoalError, match=r"this policy takes one of shape \(3,\) or a batch of shape \(N, 3\)"):
+            discrete.act(wrong)
 
 
 def test_dqn_initial_priorities_are_the_actor_copys_td_errors():
