@@ -213,7 +213,11 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                              "quote a list as --set 'hidden_sizes=[64, 64]'") from None
     return out
 
 

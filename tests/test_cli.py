@@ -236,6 +236,7 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),
     (["eval"], "Missing from shoal eval: RUN_DIR_OR_CHECKPOINT (see shoal eval --help)"),
     (["train", "ppo", "--seed", "-1"], "seed must be 0 or more"),
+    (["train", "ppo", "--set", "hidden_sizes=[64,"], "--set hidden_sizes=[64,: the value is not valid YAML"),
     (["eval", ".", "--seed", "-1"], "--seed must be 0 or more"),
     (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),
 ])
