@@ -71,16 +71,19 @@ def checkpoints_in(run_dir: Path) -> list[Path]:
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint or run directory (the newest valid one)."""
+    """A checkpoint directory from a checkpoint or run directory: the run's newest periodic
+    checkpoint, or its ``best`` when it stopped before writing a periodic one."""
     p = Path(path)
     if not p.exists():
         raise ShoalError(f"{p} does not exist: give a run directory or a checkpoint directory")
     if is_checkpoint(p):
         return p
     found = checkpoints_in(p)
-    if not found:
-        raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
-    return found[-1]
+    if found:
+        return found[-1]
+    if is_checkpoint(p / "checkpoints" / "best"):
+        return p / "checkpoints" / "best"
+    raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 
 def read_meta(path: Path) -> dict[str, Any]:

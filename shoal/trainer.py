@@ -243,7 +243,11 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
         algo, config = run_config(run_dir)
     else:
         algo = read_run_config(run_dir)["algo"]
-    checkpoint = ckpt.resolve(run_dir)
+    try:
+        checkpoint = ckpt.resolve(run_dir)
+    except ShoalError:
+        raise ShoalError(f"{run_dir} holds no complete checkpoint: the run stopped before it wrote one, so "
+                         f"there is nothing to resume; train afresh with another --run-dir (or delete {run_dir})") from None
     run = RunDir(run_dir, config.tensorboard)
     instance = Algorithm(config)
     try:

@@ -210,6 +210,23 @@ def test_resume_of_another_algorithms_run_is_refused(capsys, tmp_path):
     assert code == 2 and "is a 'dqn' run, not 'ppo'" in err
 
 
+def test_a_run_killed_before_its_first_periodic_checkpoint_resumes_from_its_best_or_says_to_start_afresh(
+        capsys, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "128", "--eval-interval", "64",
+                           "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    for periodic in (run / "checkpoints").glob("ckpt_*"):  # as if killed before the first was written
+        shutil.rmtree(periodic)
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "192", *FAST)
+    assert code == 0 and "ckpt_" in err, err
+    shutil.rmtree(run / "checkpoints")
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "256", *FAST)
+    assert code == 2 and "holds no complete checkpoint" in err and "train afresh with another --run-dir" in err
+
+
 def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_run_as_it_was(capsys, tmp_path):
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-steps", "64",
