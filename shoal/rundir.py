@@ -7,6 +7,7 @@ any moment leaves a directory that can be read, plotted and resumed.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from shoal.errors import ShoalError
 
 
 LIVE = "live.json"  # a running trainer's weight store, while it runs (ray backend)
+LOCK = ".lock"  # flocked by the trainer writing the directory; holds its pid
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -89,11 +91,37 @@ class RunDir:
         except OSError as e:
             raise ShoalError(f"cannot write the run directory {self.path}: {e.strerror} "
                              "(choose another with --run-dir)") from None
+        self._lock = self._take_lock()
         self.checkpoints = self.path / "checkpoints"
         self.progress = CsvLog(self.path / "progress.csv")
         self.evals = CsvLog(self.path / "eval.csv")
         self._tb = None
         self._use_tb = tensorboard
+
+    def _take_lock(self) -> Any:
+        """One trainer per run directory: two (a resume started while the run goes on) would
+        interleave their rows and checkpoints. An flock, so a killed trainer's lock goes with it."""
+        f = open(self.path / LOCK, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise ShoalError(f"{self.path} is in use by another shoal trainer (pid {holder}); one run directory "
+                             "takes one trainer at a time") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        return f
+
+    def release(self) -> None:
+        """Let another trainer take the directory (this one has finished with it)."""
+        self.close()
+        if self._lock is not None:
+            self._lock.close()  # closing the file drops its flock
+            self._lock = None
 
     @staticmethod
     def default_path(algo: str, env: str, seed: int) -> Path:
@@ -135,6 +163,7 @@ class RunDir:
 
     def remove_if_created(self) -> None:
         """Delete the directory if this run created it (nothing in it is worth keeping)."""
+        self.release()
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
 

@@ -211,8 +211,12 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
         run.write_config(name, config)
     except BaseException:
         algo.stop()
+        run.release()
         raise
-    return _fit_restarting(algo, run, console, callback)
+    try:
+        return _fit_restarting(algo, run, console, callback)
+    finally:
+        run.release()
 
 
 def read_run_config(run_dir: str | Path) -> dict[str, Any]:
@@ -249,16 +253,19 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
         raise ShoalError(f"{run_dir} holds no complete checkpoint: the run stopped before it wrote one, so "
                          f"there is nothing to resume; train afresh with another --run-dir (or delete {run_dir})") from None
     run = RunDir(run_dir, config.tensorboard)
-    instance = Algorithm(config)
     try:
-        instance.restore(checkpoint)
-        if instance.env_steps >= config.total_steps:
-            raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
-                             f"pass a larger --total-steps to train on")
-        run.write_config(algo, config)  # only once the checkpoint took these settings
-    except BaseException:
-        instance.stop()
-        raise
-    run.progress.truncate_after(instance.env_steps)
-    run.evals.truncate_after(instance.env_steps)
-    return _fit_restarting(instance, run, console, callback)
+        instance = Algorithm(config)
+        try:
+            instance.restore(checkpoint)
+            if instance.env_steps >= config.total_steps:
+                raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
+                                 f"pass a larger --total-steps to train on")
+            run.write_config(algo, config)  # only once the checkpoint took these settings
+        except BaseException:
+            instance.stop()
+            raise
+        run.progress.truncate_after(instance.env_steps)
+        run.evals.truncate_after(instance.env_steps)
+        return _fit_restarting(instance, run, console, callback)
+    finally:
+        run.release()

@@ -227,6 +227,24 @@ def test_a_run_killed_before_its_first_periodic_checkpoint_resumes_from_its_best
     assert code == 2 and "holds no complete checkpoint" in err and "train afresh with another --run-dir" in err
 
 
+def test_a_run_directory_takes_one_trainer_at_a_time(capsys, tmp_path):
+    from shoal.rundir import RunDir
+
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    holder = RunDir(run)  # a trainer still writing it (the lock is an flock: per open file, in one process too)
+    rows = (run / "progress.csv").read_text()
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
+    assert code == 2 and f"{run} is in use by another shoal trainer (pid {os.getpid()})" in err, err
+    assert (run / "progress.csv").read_text() == rows
+    holder.release()
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "192", *FAST)
+    assert code == 0, err  # each trainer let the directory go when it finished
+
+
 def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_run_as_it_was(capsys, tmp_path):
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-steps", "64",
