@@ -263,6 +263,7 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
     assert code == 0, err
 
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: invalid literal for int()"),
     (["train", "ppo", "--lrr", "3"], "Unrecognized options: --lrr, 3; did you mean --lr? (see shoal train ppo --help)"),
