@@ -26,6 +26,9 @@ from shoal.policy import Policy, set_up_torch, set_weights
 from shoal.runner import EnvRunner
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
+# A runner that fails this many times in a row, each incarnation (new env seeds) before its first
+# rollout, fails the run: an env that breaks every time is not a fault that restarts recover from.
+RUNNER_CRASH_LOOP = 3
 
 
 class Algorithm:
@@ -79,6 +82,7 @@ class Algorithm:
         self.queue_depths: list[int] = []  # queue length each time the learner took a batch
         self.runner_restarts = 0
         self.incarnations = [0] * config.num_env_runners
+        self.failures_in_a_row = [0] * config.num_env_runners  # restarts of each runner since its last rollout
         self.runner_health: dict[int, dict[str, int]] = {}  # each runner's last reported counters
         self.retired = {"env_restarts": 0, "dropped_episodes": 0}  # counters of replaced runners
 
@@ -144,9 +148,11 @@ class Algorithm:
             calls = {i: r.call_checked("sample_checked", c.steps_per_rollout) for i, r in enumerate(self.runners)}
             ok, failed = self.backend.collect({i: status for i, (status, _) in calls.items()}, c.runner_timeout_s)
             for i in sorted(failed):
+                self.backend.discard(calls[i][1])
                 self._restart_runner(i, failed[i])
             for i, health in ok.items():
                 self.runner_health[i] = health
+                self.failures_in_a_row[i] = 0
             if ok:
                 break  # else every runner failed: sample again with the replacements
         result = self.backend.get(self.learner.call("update", *[calls[i][1] for i in sorted(ok)]))
@@ -162,6 +168,11 @@ class Algorithm:
         if self.runner_restarts > c.max_runner_restarts:
             raise ShoalError(f"runner {i} failed ({reason}), and runners have been restarted "
                              f"{self.runner_restarts - 1} times already (--max-runner-restarts {c.max_runner_restarts})")
+        self.failures_in_a_row[i] += 1
+        if self.failures_in_a_row[i] >= RUNNER_CRASH_LOOP:
+            raise ShoalError(f"runner {i} failed {self.failures_in_a_row[i]} times in a row, each time before "
+                             f"finishing a rollout and each time with new env seeds, so restarting it does not "
+                             f"help: fix {c.env} (or the settings it is trained with); the last failure: {reason}")
         logging.getLogger("shoal").warning("runner %d failed (%s); restarting it", i, reason)
         last = self.runner_health.pop(i, {})
         self.retired["env_restarts"] += last.get("env_restarts", 0)
@@ -214,6 +225,7 @@ class Algorithm:
                     self._restart_runner(ids[k], str(e))
                     self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                     continue
+                self.failures_in_a_row[ids[k]] = 0
                 steps += summary.env_steps
                 returns += summary.episode_returns
                 lengths += summary.episode_lengths
@@ -262,10 +274,12 @@ class Algorithm:
                 status, ref = self.inflight.pop(i)
                 ok, failed = self.backend.collect({i: status}, 0.0)
                 if failed:
+                    self.backend.discard(ref)
                     self._restart_runner(i, failed[i])
                     sample(i)
                     continue
                 self.runner_health[i] = ok[i]
+                self.failures_in_a_row[i] = 0
                 if len(self.queue) < c.queue_size:
                     self.queue.append(ref)
                     sample(i)

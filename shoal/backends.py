@@ -36,7 +36,9 @@ class LocalHandle:
         try:
             return getattr(self.obj, method)(*args)
         except Exception as e:
-            return Failure(f"{type(e).__name__}: {e}"), None
+            from shoal.envs import error_line
+
+            return Failure(str(e) if isinstance(e, ShoalError) else error_line(e)), None
 
 
 class Failure(str):
@@ -68,6 +70,9 @@ class LocalBackend:
         """Split the statuses of ``call_checked`` calls into those that came back and those that failed."""
         failed = {i: str(s) for i, s in statuses.items() if isinstance(s, Failure)}
         return {i: s for i, s in statuses.items() if i not in failed}, failed
+
+    def discard(self, result: Any) -> None:
+        """Nothing to do: a failed call's result is None here."""
 
     def replace(self, old: LocalHandle, cls: type, *args: Any, name: str, num_cpus: float = 0.0,
                 **kwargs: Any) -> LocalHandle:
@@ -242,10 +247,20 @@ class RayBackend:
                 ok[i] = ray.get(ref)
             except (ray.exceptions.RayError, ShoalError) as e:
                 errors.append(e)  # every error read before raising one: Ray logs those never read
-                failed[i] = str(e).strip().splitlines()[-1][:300]
+                failed[i] = str(e).strip().splitlines()[-1].removeprefix("shoal.errors.ShoalError: ")[:600]
         for e in errors:
             _raise_if_shared_object_lost(e)
         return ok, failed
+
+    def discard(self, result: Any) -> None:
+        """Read the result ref of a failed ``call_checked`` call (its status said why), so that Ray
+        does not log the same error again, with a traceback, as an error nobody read."""
+        import ray
+
+        try:
+            ray.get(result, timeout=0)
+        except Exception:
+            pass  # the error its status reported, or a call still hanging (its actor is killed next)
 
     def replace(self, old: RayHandle, cls: type, *args: Any, name: str, num_cpus: float = 0.0,
                 **kwargs: Any) -> RayHandle:

@@ -80,9 +80,15 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         # SDL prints "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine.
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
-        return _made(env_id, render_mode=render_mode)
+        # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
+        # even as None, and a custom env's __init__ need not take it.
+        return _made(env_id, **({} if render_mode is None else {"render_mode": render_mode}))
     except gym.error.DependencyNotInstalled as e:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
+    except ShoalError:
+        raise
+    except Exception as e:  # the env's own constructor failed: say what it said, and where
+        raise ShoalError(f"environment {env_id!r} could not be made: {error_line(e)}") from e
 
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
@@ -149,6 +155,25 @@ def is_remote(env_id: str) -> bool:
     return env_id.startswith("remote://")
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its type, its message's first line, and the file and line (outside
+    Gymnasium and shoal) it was raised at, so that a user whose env fails knows where to look."""
+    import sysconfig
+    import traceback
+
+    import shoal
+
+    skip = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (gym, np, shoal)) + tuple(
+        os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+    message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    where = ""
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if not os.path.realpath(frame.filename).startswith(skip) and not frame.filename.startswith("<"):
+            where = f" (at {frame.filename}:{frame.lineno})"
+            break
+    return f"{type(e).__name__}: {message}{where}" if message else f"{type(e).__name__}{where}"
+
+
 class ResilientVectorEnv(SyncVectorEnv):
     """Gymnasium's SyncVectorEnv (same-step autoreset) in which an env that raises is replaced.
 
@@ -160,12 +185,17 @@ class ResilientVectorEnv(SyncVectorEnv):
     def __init__(self, env_fns: list[Any]):
         super().__init__(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
         self.env_restarts = 0
+        self.last_error = ""  # what the last env that raised said, for a runner that gives up
         self._base_seed: int | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
         if seed is not None:
             self._base_seed = seed
-        return super().reset(seed=seed, options=options)
+        try:
+            return super().reset(seed=seed, options=options)
+        except ValueError as e:
+            self._check_shapes(e)
+            raise
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """SyncVectorEnv's same-step loop, each env's step guarded on its own (a failure part-way
@@ -177,8 +207,9 @@ class ResilientVectorEnv(SyncVectorEnv):
         for i, action in enumerate(iterate(self.action_space, actions)):
             try:
                 obs, reward, term, trunc, info = self.envs[i].step(action)
-            except Exception:
+            except Exception as e:
                 errors[i] = True
+                self.last_error = error_line(e)
                 obs, reward, term, trunc, info = np.array(self._env_obs[i], copy=True), 0.0, False, True, {}
             self._rewards[i], self._terminations[i], self._truncations[i] = reward, term, trunc
             if term or trunc:
@@ -188,10 +219,23 @@ class ResilientVectorEnv(SyncVectorEnv):
             infos = self._add_info(infos, info, i)
         if errors.any():
             infos["_env_error"] = errors
-        self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        try:
+            self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        except ValueError as e:
+            self._check_shapes(e)
+            raise
         self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
         return (np.copy(self._observations), np.copy(self._rewards), np.copy(self._terminations),
                 np.copy(self._truncations), infos)
+
+    def _check_shapes(self, error: ValueError) -> None:
+        """Name the env whose observation does not fit its space, when batching them failed."""
+        space = self.single_observation_space
+        for i, obs in enumerate(self._env_obs):
+            shape, dtype = np.shape(obs), getattr(obs, "dtype", type(obs).__name__)
+            if shape != space.shape:
+                raise ShoalError(f"env {i} returned an observation of shape {shape} ({dtype}), where its "
+                                 f"observation space is {space}: the env does not keep to its space") from error
 
     def _restart(self, i: int) -> tuple[Any, dict]:
         """Replace env ``i`` with a new one, reset with a seed of its own (reproducible)."""

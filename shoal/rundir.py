@@ -161,11 +161,15 @@ class RunDir:
                 if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
-    def remove_if_created(self) -> None:
-        """Delete the directory if this run created it (nothing in it is worth keeping)."""
+    def discard(self) -> None:
+        """Undo a run that never got going (nothing in it is worth keeping): delete the directory
+        if this run created it, else what it wrote there, so the same --run-dir can be used again."""
         self.release()
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for name in ("config.yaml", LIVE, LOCK):
+            (self.path / name).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Flush TensorBoard."""

@@ -120,6 +120,7 @@ class EnvRunner:
         final_raw: list[np.ndarray] = []
         returns: list[float] = []
         lengths: list[int] = []
+        floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
         for t in range(num_steps):
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
@@ -137,6 +138,8 @@ class EnvRunner:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
             actions[t] = a.numpy()
             self.obs, r, term, trunc, info = env.step(m.to_env(a))
+            if not np.isfinite(r).all() or (floats and not np.isfinite(self.obs).all()):
+                self._non_finite(r, self.obs)  # one NaN would reach every weight through the learner
             rewards[t], terminated[t], truncated[t] = np.sign(r) if self.config.clip_rewards else r, term, trunc
             self.ep_return += r
             self.ep_length += 1
@@ -156,6 +159,8 @@ class EnvRunner:
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
         final = np.asarray(final_raw, self.obs.dtype).reshape(len(final_raw), *env.single_observation_space.shape)
+        if floats and not np.isfinite(final).all():
+            self._non_finite(np.zeros(len(final)), final, [b for _, b in final_idx])
         if central:  # the server holds the normaliser too
             last_obs, final_obs = self._central_normalize(final, B)
             self.version = min(versions)
@@ -172,6 +177,16 @@ class EnvRunner:
             episode_returns=returns, episode_lengths=lengths,
         )
 
+    def _non_finite(self, rewards: np.ndarray, obs: np.ndarray, envs: list[int] | None = None) -> None:
+        """Raise for an env that returned a NaN or an infinity (row k is env ``envs[k]``): the
+        runner fails (and is replaced) before the value reaches the learner."""
+        bad_reward = np.flatnonzero(~np.isfinite(rewards))
+        what = "a reward" if bad_reward.size else "an observation"
+        row = bad_reward[0] if bad_reward.size else np.flatnonzero(~np.isfinite(obs.reshape(len(obs), -1)).all(1))[0]
+        env = row if envs is None else envs[row]
+        raise ShoalError(f"runner {self.runner_id}: env {env} returned {what} holding NaN or inf "
+                         f"({self.config.env} does not keep to its space)")
+
     def sample_checked(self, num_steps: int) -> tuple[dict[str, int], Rollout]:
         """:meth:`sample` with this runner's health counters first, for drivers that check it."""
         rollout = self.sample(num_steps)
@@ -184,8 +199,9 @@ class EnvRunner:
     def _check_env_restarts(self) -> None:
         limit = self.config.max_env_restarts
         if self.env_restarts() > limit:
+            last = getattr(self.env, "last_error", "")
             raise ShoalError(f"runner {self.runner_id}: its envs failed {self.env_restarts()} times "
-                             f"(more than --max-env-restarts {limit})")
+                             f"(more than --max-env-restarts {limit})" + (f"; the last said {last}" if last else ""))
 
     def health(self) -> dict[str, int]:
         """Counters for the driver: env restarts and episodes dropped, this incarnation."""

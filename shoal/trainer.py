@@ -205,7 +205,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
     try:
         algo = Algorithm(config)
     except BaseException:
-        run.remove_if_created()  # a run that never started leaves nothing behind
+        run.discard()  # a run that never started leaves nothing behind
         raise
     try:
         run.write_config(name, config)
@@ -215,6 +215,12 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
         raise
     try:
         return _fit_restarting(algo, run, console, callback)
+    except BaseException as e:
+        # A run that failed before its first iteration (an env that breaks every time) holds
+        # nothing to resume: leave nothing behind, so that it can be trained again once fixed.
+        if not isinstance(e, Interrupted) and algo.env_steps == 0 and not any(run.checkpoints.glob("*")):
+            run.discard()
+        raise
     finally:
         run.release()
 

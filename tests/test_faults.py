@@ -125,6 +125,83 @@ def test_training_goes_on_through_an_env_server_restart(tmp_path):
     assert servers[1].steps_served > 0  # the new server took over b's share
 
 
+USER_ENVS = """
+import gymnasium as gym
+import numpy as np
+
+
+class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom envs are written
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fault=None):
+        if fault == "init":
+            raise RuntimeError("cannot reach the simulator")
+        self.fault, self.t = fault, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs, reward = np.full(3, 0.5, np.float32), 1.0
+        if self.fault == "step":
+            raise ValueError("the simulator crashed")
+        if self.fault == "shape":
+            obs = np.zeros(5, np.float32)
+        if self.fault == "nan":
+            obs[1] = np.nan
+        if self.fault == "inf-reward":
+            reward = float("inf")
+        return obs, reward, self.t >= 20, False, {}
+
+
+for fault in (None, "init", "step", "shape", "nan", "inf-reward"):
+    gym.register(f"Sim{'-' + fault if fault else ''}-v0", entry_point=Sim, kwargs={"fault": fault})
+"""
+
+
+@pytest.mark.parametrize("env, message", [
+    ("Sim-init-v0", "environment 'shoal_user_envs:Sim-init-v0' could not be made: RuntimeError: cannot reach the "
+                    "simulator (at {module}:"),
+    ("Sim-step-v0", "its envs failed 3 times (more than --max-env-restarts 2); the last said ValueError: the "
+                    "simulator crashed (at {module}:"),
+    ("Sim-shape-v0", "env 0 returned an observation of shape (5,) (float32), where its observation space is "
+                     "Box(-1.0, 1.0, (3,), float32)"),
+    ("Sim-nan-v0", "env 0 returned an observation holding NaN or inf"),
+    ("Sim-inf-reward-v0", "env 0 returned a reward holding NaN or inf"),
+])
+def test_an_env_that_fails_every_time_ends_the_run_in_one_line_and_leaves_no_run_directory(
+        tmp_path, monkeypatch, capsys, caplog, env, message):
+    """Restarts are for faults that come and go: a runner that fails three times in a row, each
+    time before its first rollout, fails the run with what the env said (and where), instead of
+    restarting for --max-runner-restarts x the backoff. Nothing is left to resume, so neither is a
+    run directory, and the same --run-dir takes the fixed env."""
+    from shoal.cli import main
+
+    module = tmp_path / "shoal_user_envs.py"
+    module.write_text(USER_ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shoal_user_envs", raising=False)  # this test's copy, and its path
+    run = tmp_path / "run"
+    argv = ["train", "ppo", "--run-dir", str(run), "--no-progress", "--no-tensorboard", "--total-steps", "512",
+            "--max-env-restarts", "2", "--num-envs-per-runner", "1", "--minibatch-size", "64"]
+    start = time.monotonic()
+    code = main([*argv, "--env", f"shoal_user_envs:{env}"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and last.startswith("shoal: error: ") and message.format(module=module) in last, err
+    if env != "Sim-init-v0":
+        assert "runner 0 failed 3 times in a row" in last
+        assert sum("restarting it" in r.getMessage() for r in caplog.records) == 2, caplog.text
+    assert time.monotonic() - start < 30
+    assert not run.exists()
+    assert main([*argv, "--env", "shoal_user_envs:Sim-v0"]) == 0  # the same --run-dir, a working env
+    assert (run / "config.yaml").exists()
+
+
 # -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
 PLAN = {
     "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
