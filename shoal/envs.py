@@ -211,7 +211,11 @@ class ResilientVectorEnv(SyncVectorEnv):
                 errors[i] = True
                 self.last_error = error_line(e)
                 obs, reward, term, trunc, info = np.array(self._env_obs[i], copy=True), 0.0, False, True, {}
-            self._rewards[i], self._terminations[i], self._truncations[i] = reward, term, trunc
+            try:
+                self._rewards[i], self._terminations[i], self._truncations[i] = reward, term, trunc
+            except (TypeError, ValueError) as e:
+                raise ShoalError(f"env {i} returned the reward {reward!r}, terminated {term!r} and truncated "
+                                 f"{trunc!r}: a step's reward is one number and each flag one bool") from e
             if term or trunc:
                 infos = self._add_info(infos, {"final_obs": obs, "final_info": info}, i)
                 obs, info = self._restart(i) if errors[i] else self.envs[i].reset()

@@ -220,10 +220,11 @@ class PolicyModule(nn.Module):
         return None
 
     def to_env(self, actions: Tensor) -> np.ndarray:
-        """Actions as the env takes them (continuous ones clipped to the bounds)."""
+        """Actions as the env takes them: a discrete action's index counted from its space's
+        ``start`` (Discrete(3, start=-1) takes -1, 0, 1), continuous ones clipped to the bounds."""
         a = actions.numpy()
         if self.discrete:
-            return a.astype(np.int64)
+            return a.astype(np.int64) + int(self.action_space.start)
         a = a.reshape(a.shape[0], *self.action_space.shape)
         return np.clip(a, self.action_space.low, self.action_space.high)
 

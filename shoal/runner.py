@@ -200,7 +200,8 @@ class EnvRunner:
         limit = self.config.max_env_restarts
         if self.env_restarts() > limit:
             last = getattr(self.env, "last_error", "")
-            raise ShoalError(f"runner {self.runner_id}: its envs failed {self.env_restarts()} times "
+            n = self.env_restarts()
+            raise ShoalError(f"runner {self.runner_id}: its envs failed {n} time{'s' if n != 1 else ''} "
                              f"(more than --max-env-restarts {limit})" + (f"; the last said {last}" if last else ""))
 
     def health(self) -> dict[str, int]:

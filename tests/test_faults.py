@@ -138,6 +138,8 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
         if fault == "init":
             raise RuntimeError("cannot reach the simulator")
         self.fault, self.t = fault, 0
+        if fault == "start":  # actions -1, 0 and 1, checked
+            self.action_space = gym.spaces.Discrete(3, start=-1)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -145,6 +147,8 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
         return np.zeros(3, np.float32), {}
 
     def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action} is not in {self.action_space}")
         self.t += 1
         obs, reward = np.full(3, 0.5, np.float32), 1.0
         if self.fault == "step":
@@ -155,10 +159,12 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
             obs[1] = np.nan
         if self.fault == "inf-reward":
             reward = float("inf")
+        if self.fault == "array-reward":
+            reward = np.array([1.0])
         return obs, reward, self.t >= 20, False, {}
 
 
-for fault in (None, "init", "step", "shape", "nan", "inf-reward"):
+for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward", "start"):
     gym.register(f"Sim{'-' + fault if fault else ''}-v0", entry_point=Sim, kwargs={"fault": fault})
 """
 
@@ -172,6 +178,8 @@ for fault in (None, "init", "step", "shape", "nan", "inf-reward"):
                      "Box(-1.0, 1.0, (3,), float32)"),
     ("Sim-nan-v0", "env 0 returned an observation holding NaN or inf"),
     ("Sim-inf-reward-v0", "env 0 returned a reward holding NaN or inf"),
+    ("Sim-array-reward-v0", "env 0 returned the reward array([1.]), terminated False and truncated False: a "
+                            "step's reward is one number"),
 ])
 def test_an_env_that_fails_every_time_ends_the_run_in_one_line_and_leaves_no_run_directory(
         tmp_path, monkeypatch, capsys, caplog, env, message):
@@ -200,6 +208,29 @@ def test_an_env_that_fails_every_time_ends_the_run_in_one_line_and_leaves_no_run
     assert not run.exists()
     assert main([*argv, "--env", "shoal_user_envs:Sim-v0"]) == 0  # the same --run-dir, a working env
     assert (run / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_discrete_action_space_that_does_not_start_at_zero_gets_actions_from_its_start(
+        tmp_path, monkeypatch, algo):
+    """Discrete(3, start=-1) takes -1, 0 and 1: runners, evaluations and the deployed policy act in
+    those, while networks index 0..2. With --max-env-restarts 0 a single action out of the space
+    (the env raises) would fail the run."""
+    import numpy as np
+
+    from shoal.cli import main
+
+    (tmp_path / "shoal_user_envs.py").write_text(USER_ENVS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shoal_user_envs", raising=False)
+    run = tmp_path / algo
+    extra = ["--learning-starts", "100"] if algo == "dqn" else ["--minibatch-size", "64"]
+    assert main(["train", algo, "--env", "shoal_user_envs:Sim-start-v0", "--run-dir", str(run), "--no-progress",
+                 "--no-tensorboard", "--total-steps", "600", "--max-env-restarts", "0", "--eval-episodes", "2",
+                 *extra]) == 0
+    policy = shoal.load_policy(run)
+    actions = policy.act(np.random.default_rng(0).uniform(-1, 1, (200, 3)).astype(np.float32), deterministic=False)
+    assert set(np.unique(actions)) <= {-1, 0, 1} and actions.min() == -1
 
 
 # -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
