@@ -165,6 +165,27 @@ def test_a_restarted_server_is_reconnected(servers):
     env.close()
 
 
+def test_an_env_that_raises_on_the_server_is_replaced_and_its_client_counts_it(servers, monkeypatch):
+    """The server replaces an env that raises (its other envs go on) and says so in the reply: the
+    client marks that env's episode as lost (truncated, reward 0) and counts it, as a runner
+    does for a local env, instead of taking the cut for an ordinary one-step episode."""
+    import json
+
+    monkeypatch.setenv("SHOAL_FAULTS", json.dumps({"101": [5]}))  # env 1 (reset seed 100 + 1), step 5
+    server = servers(env_id="shoal.testing:FaultyCartPole-v1", num_envs=2)
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    env.reset(seed=100)
+    for _ in range(4):
+        _, _, _, _, info = env.step(np.zeros(2, np.int64))
+        assert "_env_error" not in info
+    obs, rewards, terminated, truncated, info = env.step(np.zeros(2, np.int64))
+    assert info["_env_error"].tolist() == [False, True] and truncated[1] and not terminated[1] and rewards[1] == 0
+    assert env.env_restarts == 1 and env.last_error.startswith("RuntimeError: injected fault at step 5")
+    _, _, _, _, info = env.step(np.zeros(2, np.int64))  # the replacement steps on
+    assert "_env_error" not in info and env.env_restarts == 1
+    env.close()
+
+
 def test_a_server_that_stays_down_fails_clearly(servers):
     server = servers(num_envs=2)
     env = RemoteVectorEnv(f"remote://{server.address}", reconnect_s=1.0, timeout_s=1.0)

@@ -243,6 +243,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.bounds = np.cumsum([0, *self.sizes])
         self.last_obs: np.ndarray | None = None
         self.reconnects = 0
+        self.env_restarts = 0  # envs the servers replaced after they raised
+        self.last_error = ""  # what the last of them said
         self.dropped_episodes = 0
 
     # -- Gymnasium API -----------------------------------------------------------------------
@@ -279,6 +281,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 r = conn.receive_step()
                 parts.append((decode(r.obs), decode(r.rewards), decode(r.terminated), decode(r.truncated),
                               decode(r.final_obs)))
+                if r.HasField("env_errors"):  # envs the server replaced after they raised
+                    failed = decode(r.env_errors).astype(bool, copy=False)
+                    errors[self.bounds[i]:self.bounds[i + 1]] |= failed
+                    self.env_restarts += int(failed.sum())
+                    self.last_error = f"{r.env_error} (on {conn.address})"
             except grpc.RpcError as e:
                 if e.code() not in RETRY_CODES:
                     raise ServerError("env", self.conns[i].address, e) from None

@@ -154,9 +154,16 @@ class EnvServer:
         done = terminated | truncated
         for b in np.flatnonzero(done):
             final[b] = info["final_obs"][b]
-        return pb.StepReply(obs=encode(obs), rewards=encode(np.asarray(rewards, np.float64)),
-                            terminated=encode(np.asarray(terminated, bool)), truncated=encode(np.asarray(truncated, bool)),
-                            final_obs=encode(final), info=encode_info(info, self.num_envs))
+        reply = pb.StepReply(obs=encode(obs), rewards=encode(np.asarray(rewards, np.float64)),
+                             terminated=encode(np.asarray(terminated, bool)), truncated=encode(np.asarray(truncated, bool)),
+                             final_obs=encode(final), info=encode_info(info, self.num_envs))
+        errors = info.get("_env_error")
+        if errors is not None:  # envs that raised were replaced: the client drops and counts their episodes
+            reply.env_errors.CopyFrom(encode(np.asarray(errors, bool)))
+            reply.env_error = s.env.last_error[:500]
+            log.warning("%d env(s) of a session of %s raised (%s); replaced", int(errors.sum()), s.env_id,
+                        s.env.last_error)
+        return reply
 
     def close(self, req: pb.CloseRequest, context: Any) -> pb.CloseReply:
         with self.lock:

@@ -100,7 +100,7 @@ class StepRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., actions: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("obs", "rewards", "terminated", "truncated", "final_obs", "info")
+    __slots__ = ("obs", "rewards", "terminated", "truncated", "final_obs", "info", "env_errors", "env_error")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,13 +114,17 @@ class StepReply(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FINAL_OBS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ENV_ERROR_FIELD_NUMBER: _ClassVar[int]
     obs: Array
     rewards: Array
     terminated: Array
     truncated: Array
     final_obs: Array
     info: _containers.MessageMap[str, Array]
-    def __init__(self, obs: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., terminated: _Optional[_Union[Array, _Mapping]] = ..., truncated: _Optional[_Union[Array, _Mapping]] = ..., final_obs: _Optional[_Union[Array, _Mapping]] = ..., info: _Optional[_Mapping[str, Array]] = ...) -> None: ...
+    env_errors: Array
+    env_error: str
+    def __init__(self, obs: _Optional[_Union[Array, _Mapping]] = ..., rewards: _Optional[_Union[Array, _Mapping]] = ..., terminated: _Optional[_Union[Array, _Mapping]] = ..., truncated: _Optional[_Union[Array, _Mapping]] = ..., final_obs: _Optional[_Union[Array, _Mapping]] = ..., info: _Optional[_Mapping[str, Array]] = ..., env_errors: _Optional[_Union[Array, _Mapping]] = ..., env_error: _Optional[str] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("session",)
