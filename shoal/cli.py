@@ -224,8 +224,9 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     else:
         result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
                               args.max_steps)
+    episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
-                  f"over {args.episodes} episodes ({mode}; length {result['eval/length_mean']:.1f}; "
+                  f"over {episodes} ({mode}; length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")
     return 0
 

@@ -48,6 +48,12 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
+    probe = make_env(env_id)
+    modes = list(probe.metadata.get("render_modes") or [])
+    probe.close()
+    if "rgb_array" not in modes:
+        raise ShoalError(f"{env_id} cannot be recorded: --video needs an env that renders 'rgb_array' frames, and "
+                         f"its metadata's render_modes are {modes}")
     out = Path(video_dir)
     if out.exists() and not out.is_dir():
         raise ShoalError(f"--video takes a directory to write the episodes into; {out} is a file")

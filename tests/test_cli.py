@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import pytest
 import yaml
 
@@ -46,6 +47,21 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     for not_a_dir, message in ((run / "config.yaml", "is a file"), (run / "config.yaml" / "v", "Not a directory")):
         code, out, err = run_cli(capsys, "eval", str(run), "--episodes", "1", "--video", str(not_a_dir))
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+    class NoFrames(gym.Wrapper):  # CartPole's spaces, and no render mode (a custom env's __init__ takes none)
+        def __init__(self):
+            super().__init__(gym.make("CartPole-v1"))
+            self.metadata = {"render_modes": []}
+
+    gym.register("NoFrames-v0", entry_point=NoFrames, max_episode_steps=50)
+    code, out, err = run_cli(capsys, "eval", str(run), "--env", "NoFrames-v0", "--episodes", "1")
+    assert code == 0 and "NoFrames-v0: return" in out and "over 1 episode (deterministic" in out, err
+    code, out, err = run_cli(capsys, "eval", str(run), "--env", "NoFrames-v0", "--episodes", "1",
+                             "--video", str(tmp_path / "none"))
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "shoal: error: NoFrames-v0 cannot be recorded: --video needs an env that renders 'rgb_array' frames, and "
+        "its metadata's render_modes are []"), err
+    assert not (tmp_path / "none").exists()
     code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2")  # as the run's evaluations
     assert code == 0 and "over 2 episodes (deterministic" in out
     code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "2", "--stochastic")
