@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import functools
+import numbers
 import types
 import typing
 from dataclasses import dataclass
@@ -93,6 +95,10 @@ class Config:
     env_steps_per_s is the rate since the row before."""
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # a config made in Python gets the checks --set values get
+            value = getattr(self, f.name)
+            if f.name != "env" and (coerced := _coerce(type(self), f.name, value)) is not value:
+                object.__setattr__(self, f.name, coerced)
         if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
             object.__setattr__(self, "env", env_setting(self.env))
         _check(self.seed >= 0, "seed must be 0 or more (Gymnasium and NumPy take no negative seeds)")
@@ -137,7 +143,7 @@ def field_names(cls: type) -> list[str]:
 
 def _coerce(cls: type, key: str, value: Any) -> Any:
     """Convert a YAML/--set value to the field's type (tuples from lists, floats from ints)."""
-    hint = typing.get_type_hints(cls)[key]
+    hint = _hints(cls)[key]
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     optional = origin in (typing.Union, types.UnionType) and type(None) in args
@@ -161,12 +167,19 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         return value
     if hint in (int, float) and isinstance(value, str):
         value = _number(hint, value)
-    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if hint is int and isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        value = int(value)  # 1e5 and NumPy's integers, as whole numbers
+    if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
         article = "an" if hint.__name__[0] in "aeiou" else "a"
         raise ConfigError(f"{key} expects {article} {hint.__name__}, got {value!r}")
     return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _coerce_item(kind: type, value: Any) -> Any:
@@ -269,6 +282,10 @@ def env_setting(value: str | list[str] | tuple[str, ...]) -> str:
     in a config file): the URLs' servers together, ``remote://H1:P1,H2:P2[/ENV_ID]``."""
     if isinstance(value, str):
         return value
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"env takes a Gymnasium env id (a string: 'CartPole-v1', or 'my_module:MyEnv-v0' for an "
+                          f"env my_module registers with gymnasium.register), not an object of type {type(value).__name__}: "
+                          "every runner, evaluator and env server makes its own copies from the id")
     urls = list(value)
     if len(urls) == 1 and isinstance(urls[0], str):
         return urls[0]

@@ -320,6 +320,23 @@ def test_a_rejection_in_a_form_not_seen_before_is_still_one_line():
 def test_config_errors_raise_in_the_python_api_too():
     with pytest.raises(ConfigError, match="num_env_runners must be at least 1"):
         PPOConfig(num_env_runners=0)
+    # a value of the wrong type is named, as --set names it (not a TypeError from deep inside)
+    with pytest.raises(ConfigError, match="^lr expects a float, got 'fast'$"):
+        PPOConfig(lr="fast")
+    with pytest.raises(ConfigError, match="^normalize_obs expects a bool, got 'yes'$"):
+        PPOConfig(normalize_obs="yes")
+    with pytest.raises(ConfigError, match=r"^total_steps expects an int, got 2.5$"):
+        PPOConfig(total_steps=2.5)
+    # an env object, as stable-baselines3 takes one: shoal needs the id its roles make copies from
+    with pytest.raises(ConfigError, match="^env takes a Gymnasium env id .* not an object of type TimeLimit: "):
+        PPOConfig(env=gym.make("CartPole-v1"))
+    # what is unambiguous is taken: whole floats and NumPy numbers, one width or a list of them
+    import numpy as np
+
+    config = PPOConfig(total_steps=1e5, seed=np.int64(3), gamma=np.float32(0.5), lr=1, hidden_sizes=[32, 32])
+    values = (config.total_steps, config.seed, config.gamma, config.lr, config.hidden_sizes)
+    assert values == (100_000, 3, 0.5, 1.0, (32, 32))
+    assert [type(v) for v in (config.total_steps, config.seed, config.gamma, config.lr)] == [int, int, float, float]
 
 
 def test_help_lists_every_field_and_the_listing_commands(capsys):
