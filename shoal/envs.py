@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -41,6 +42,24 @@ def import_env_packages() -> None:
             pass  # not installed
 
 
+def _import_env_module(module: str) -> None:
+    """Import the module of a ``module:EnvId`` id. A module in the working directory is found as
+    ``python -m`` finds it (the ``shoal`` script's own directory is what Python searches first),
+    and the directory is added to PYTHONPATH, for the Ray workers this process starts."""
+    try:
+        importlib.import_module(module)
+        return
+    except ImportError as e:
+        top = module.partition(".")[0]
+        cwd = os.getcwd()
+        if e.name != top or cwd in sys.path or not any(
+                os.path.exists(os.path.join(cwd, top + suffix)) for suffix in (".py", os.sep + "__init__.py")):
+            raise
+    sys.path.insert(0, cwd)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+    importlib.import_module(module)
+
+
 def check_env_id(env_id: str) -> None:
     """Raise a clear error for an env id Gymnasium does not know, with the closest known ids.
 
@@ -50,7 +69,7 @@ def check_env_id(env_id: str) -> None:
     module, sep, name = env_id.rpartition(":")
     if sep:
         try:
-            importlib.import_module(module)
+            _import_env_module(module)
         except ImportError as e:
             raise ShoalError(f"cannot import {module!r} for environment {env_id!r}: {e}") from None
         env_id = name

@@ -243,6 +243,27 @@ def test_a_run_killed_before_its_first_periodic_checkpoint_resumes_from_its_best
     assert code == 2 and "holds no complete checkpoint" in err and "train afresh with another --run-dir" in err
 
 
+def test_the_shoal_script_imports_an_env_module_from_the_working_directory(tmp_path):
+    """`shoal train --env my_envs:Corridor-v0` run where my_envs.py is, as `python -m shoal` would
+    find it (the script's own directory is what Python searches first); eval too."""
+    from pathlib import Path
+
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('Corridor-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv', max_episode_steps=20)\n")
+    script = str(Path(sys.executable).parent / "shoal")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([script, "train", "ppo", "--env", "my_envs:Corridor-v0", "--total-steps", "256", *FAST,
+                           "--run-dir", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([script, "eval", "run", "--episodes", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "my_envs:Corridor-v0: return" in done.stdout, done.stderr
+    done = subprocess.run([script, "eval", str(tmp_path / "run"), "--episodes", "1"], cwd=tmp_path.parent, env=env,
+                          capture_output=True, text=True, timeout=120)  # elsewhere, the module is not there
+    assert done.returncode == 2 and "cannot import 'my_envs' for environment 'my_envs:Corridor-v0'" in done.stderr
+
+
 def test_a_run_directory_takes_one_trainer_at_a_time(capsys, tmp_path):
     from shoal.rundir import RunDir
 
