@@ -173,6 +173,13 @@ class RayBackend:
         self.actors: list[Any] = []
         self.store_name: str | None = None  # the weight store's actor name, once made
         self.owns_ray = not ray.is_initialized()
+        from shoal.envs import registered_here
+
+        spec = registered_here(config.env)  # an env registered by the user's script: the workers need it too
+        if spec is not None and not self.owns_ray:
+            raise ShoalError(f"{config.env} is registered in this process only, and Ray was started before shoal "
+                             f"could hand the registration to its workers: give the env as 'MODULE:{config.env}', "
+                             "MODULE being the module that registers it")
         if self.owns_ray:
             _check_reachable(address)
             if address is None:
@@ -186,8 +193,10 @@ class RayBackend:
             try:
                 # "local": always a new cluster when no address is given; a bare ray.init() would
                 # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.
+                # Ray's hook runs in each worker before any role: it registers the script's env there.
+                hook = {} if spec is None else {"runtime_env": {"worker_process_setup_hook": _registering(spec)}}
                 ray.init(address=address or "local", include_dashboard=False,
-                         logging_level=logging.WARNING, log_to_driver=True)
+                         logging_level=logging.WARNING, log_to_driver=True, **hook)
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
                 where = address or "a new local cluster"
                 raise ShoalError(f"cannot start or reach Ray at {where}: {str(e).splitlines()[0]} "
@@ -321,6 +330,16 @@ def _raise_if_shared_object_lost(e: BaseException) -> None:
     if isinstance(e, lost) or isinstance(getattr(e, "cause", None), lost):
         raise SharedObjectLost(f"{type(getattr(e, 'cause', None) or e).__name__}: an object the roles share was "
                                "lost with the role that owned it (the learner, for published weights)") from e
+
+
+def _registering(spec: Any) -> Any:
+    """A worker setup hook (Ray takes a named function, not a partial) that registers ``spec``."""
+    from shoal.envs import register_spec
+
+    def register_script_env() -> None:
+        register_spec(spec)
+
+    return register_script_env
 
 
 def _job_address() -> str | None:

@@ -89,6 +89,29 @@ def check_env_id(env_id: str) -> None:
     raise ShoalError(f"unknown environment {env_id!r}{hint}")
 
 
+# Registrations that every process makes by itself: Gymnasium's own (on import) and those of the
+# env packages shoal imports for their ids' prefixes.
+SELF_REGISTERED = ("gymnasium.", "ale_py", "minigrid", "shoal.")
+
+
+def registered_here(env_id: str) -> Any:
+    """The EnvSpec of ``env_id`` if this process registered it itself (a ``gym.register`` in a
+    script or a notebook): other processes (Ray workers) do not know the id. None for ids every
+    process knows, ``module:EnvId`` ids (each process imports the module) and env servers."""
+    if is_remote(env_id) or ":" in env_id:
+        return None
+    spec = gym.registry.get(env_id)
+    if spec is None or (isinstance(spec.entry_point, str) and spec.entry_point.startswith(SELF_REGISTERED)):
+        return None
+    return spec
+
+
+def register_spec(spec: Any) -> None:
+    """Register an EnvSpec from another process (a Ray worker's setup hook), unless known here."""
+    if spec.id not in gym.registry:
+        gym.registry[spec.id] = spec
+
+
 def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     """One Gymnasium env, with the failure of a missing optional dependency made readable."""
     if is_remote(env_id):

@@ -166,3 +166,59 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
         if "proc" in seen:
             seen["proc"].terminate()
             seen["proc"].wait(timeout=30)
+
+
+SCRIPT_ENV = """
+import sys
+
+import gymnasium as gym
+import numpy as np
+
+import shoal
+
+
+class Corridor(gym.Env):  # defined and registered in the script itself, as in a notebook
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t / 10, np.float32), float(action), self.t >= 10, False, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor)
+config = shoal.PPOConfig(env="Corridor-v0", backend="ray", num_env_runners=2, num_envs_per_runner=2,
+                         rollout_steps=16, minibatch_size=32, total_steps=640, eval_episodes=2, progress=False,
+                         tensorboard=False)
+print("best", shoal.train(config, run_dir=sys.argv[1])["best_eval_return"])
+"""
+
+
+def test_an_env_registered_by_the_users_script_reaches_the_ray_workers(ray_cluster, tmp_path):
+    """gym.register in a script (no module to import): the run's Ray workers get the registration
+    through Ray's worker setup hook, as RLlib users get theirs with register_env. Where Ray was
+    started before shoal (here: this module's cluster), there is no hook to set: one clear line."""
+    import subprocess
+    import sys
+
+    import gymnasium as gym
+
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT_ENV)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "best " in done.stdout, done.stderr[-3000:]
+
+    class Here(gym.Wrapper):
+        def __init__(self):
+            super().__init__(gym.make("CartPole-v1"))
+
+    gym.register("ShoalTestHere-v0", entry_point=Here)
+    with pytest.raises(shoal.ShoalError, match="^ShoalTestHere-v0 is registered in this process only, and Ray was "
+                                               "started before shoal .* give the env as 'MODULE:ShoalTestHere-v0'"):
+        shoal.make(PPOConfig(env="ShoalTestHere-v0", backend="ray", progress=False))
