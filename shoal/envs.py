@@ -133,6 +133,16 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
         raise ShoalError(f"environment {env_id!r} could not be made: {error_line(e)}") from e
 
 
+def raw_observation_space(env_id: str) -> gym.Space:
+    """The observation space ``env_id`` itself gives, before shoal flattens it."""
+    check_env_id(env_id)
+    env = gym.make(env_id)
+    try:
+        return env.observation_space
+    finally:
+        env.close()
+
+
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
 

@@ -339,9 +339,13 @@ class Policy:
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = True,
             generator: torch.Generator | None = None) -> np.ndarray:
-        """Actions for one observation or a batch [N, *obs_shape]."""
-        obs = np.asarray(obs, dtype=self.module.input_dtype)
+        """Actions for one observation or a batch [N, *obs_shape]. An env whose observations shoal
+        flattens (Discrete, Tuple, Dict: FrozenLake's int, Blackjack's tuple) may be given them as
+        the env returns them, one or a list."""
         shape = self.observation_space.shape
+        if np.shape(obs)[-len(shape):] != shape or isinstance(obs, (dict, tuple)):
+            obs = self._flattened(obs)
+        obs = np.asarray(obs, dtype=self.module.input_dtype)
         single = obs.shape == shape
         if not single and obs.shape[1:] != shape:
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape} "
@@ -349,3 +353,29 @@ class Policy:
         batch = torch.as_tensor(obs[None] if single else obs)
         actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
         return actions[0] if single else actions
+
+    def _flattened(self, obs: Any) -> Any:
+        """``obs`` as the policy's flat vector(s), when its env's own space is one shoal flattens
+        and ``obs`` is in it (or a list of such); anything else is returned for act to refuse."""
+        from shoal.envs import FLATTENED, is_remote, raw_observation_space
+
+        env = getattr(self.config, "env", None)
+        if env is None or is_remote(env):
+            return obs
+        if not hasattr(self, "_raw_space"):
+            try:
+                self._raw_space = raw_observation_space(env)
+            except ShoalError:  # the env is not installed where the policy is deployed
+                self._raw_space = None
+        raw = self._raw_space
+        if not isinstance(raw, FLATTENED):
+            return obs
+        flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
+        try:
+            if raw.contains(obs):
+                return flat(obs)
+            if isinstance(obs, (list, np.ndarray)) and len(obs) and all(raw.contains(o) for o in obs):
+                return np.stack([flat(o) for o in obs])
+        except (TypeError, ValueError, AttributeError):
+            pass
+        return obs

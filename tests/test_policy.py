@@ -109,3 +109,24 @@ def test_clip_grad_norm_scales_as_torch_does_and_only_when_it_must():
         for p, q, g in zip(nets[0].parameters(), nets[1].parameters(), before):
             assert torch.equal(p.grad, q.grad)
             assert torch.equal(q.grad, g) == (max_norm > float(ours))  # scaled exactly when over max_norm
+
+
+@pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
+def test_a_policy_takes_observations_as_its_env_gives_them_when_shoal_flattened_them(env_id):
+    """FrozenLake gives an int and Blackjack a tuple; the network takes their one-hot vectors.
+    policy.act takes either, one at a time or as a list, and gives the same actions."""
+    from types import SimpleNamespace
+
+    from shoal.envs import env_spaces
+
+    obs_space, action_space = env_spaces(env_id)
+    torch.manual_seed(0)
+    policy = Policy(ActorCritic(obs_space, action_space), config=SimpleNamespace(env=env_id))
+    env = gym.make(env_id)
+    raw = [env.reset(seed=s)[0] for s in range(6)]
+    flat = np.stack([gym.spaces.flatten(env.observation_space, o) for o in raw])
+    expected = policy.act(flat)
+    assert [policy.act(o) for o in raw] == list(expected)
+    assert list(policy.act(raw)) == list(expected)
+    with pytest.raises(ShoalError, match="observations of shape"):
+        policy.act(np.zeros(3, np.float32))
