@@ -184,8 +184,8 @@ class EnvRunner:
         what = "a reward" if bad_reward.size else "an observation"
         row = bad_reward[0] if bad_reward.size else np.flatnonzero(~np.isfinite(obs.reshape(len(obs), -1)).all(1))[0]
         env = row if envs is None else envs[row]
-        raise ShoalError(f"runner {self.runner_id}: env {env} returned {what} holding NaN or inf "
-                         f"({self.config.env} does not keep to its space)")
+        raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what} holding NaN or "
+                         "inf, which training would spread to every weight of the network")
 
     def sample_checked(self, num_steps: int) -> tuple[dict[str, int], Rollout]:
         """:meth:`sample` with this runner's health counters first, for drivers that check it."""

@@ -176,8 +176,8 @@ for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward"
                     "simulator crashed (at {module}:"),
     ("Sim-shape-v0", "env 0 returned an observation of shape (5,) (float32), where its observation space is "
                      "Box(-1.0, 1.0, (3,), float32)"),
-    ("Sim-nan-v0", "env 0 returned an observation holding NaN or inf"),
-    ("Sim-inf-reward-v0", "env 0 returned a reward holding NaN or inf"),
+    ("Sim-nan-v0", "env 0 of shoal_user_envs:Sim-nan-v0 returned an observation holding NaN or inf"),
+    ("Sim-inf-reward-v0", "env 0 of shoal_user_envs:Sim-inf-reward-v0 returned a reward holding NaN or inf"),
     ("Sim-array-reward-v0", "env 0 returned the reward array([1.]), terminated False and truncated False: a "
                             "step's reward is one number"),
 ])
