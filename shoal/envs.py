@@ -339,22 +339,31 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def describe_space(space: gym.Space) -> dict[str, Any]:
-    """A JSON-friendly description of a Box or Discrete space (checkpoints, network peers)."""
+    """A JSON-friendly description of a Box, Discrete, MultiDiscrete or MultiBinary space
+    (checkpoints, network peers)."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "multi_discrete", "nvec": space.nvec.tolist(), "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "multi_binary", "n": list(space.shape)}
     if isinstance(space, gym.spaces.Box):
         # Bounds equal everywhere (images' 0 and 255) are kept as one number: an Atari frame stack
         # would otherwise write 56,448 of them.
         bound = lambda a: a.flat[0].item() if a.size and np.all(a == a.flat[0]) else a.tolist()
         return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype),
                 "low": bound(space.low), "high": bound(space.high)}
-    raise ShoalError(f"unsupported space {space}: shoal handles Box and Discrete spaces")
+    raise ShoalError(f"unsupported space {space}: shoal handles Box, Discrete, MultiDiscrete and MultiBinary spaces")
 
 
 def space_from_description(desc: dict[str, Any]) -> gym.Space:
     """Inverse of :func:`describe_space`."""
     if desc["type"] == "discrete":
         return gym.spaces.Discrete(desc["n"], start=desc.get("start", 0))
+    if desc["type"] == "multi_discrete":
+        return gym.spaces.MultiDiscrete(np.asarray(desc["nvec"], np.int64), start=np.asarray(desc["start"], np.int64))
+    if desc["type"] == "multi_binary":  # MultiBinary(4), not MultiBinary([4]): the two compare unequal
+        return gym.spaces.MultiBinary(desc["n"][0] if len(desc["n"]) == 1 else desc["n"])
     if desc["type"] == "box":
         dtype, shape = np.dtype(desc["dtype"]), tuple(desc["shape"])
         return gym.spaces.Box(np.broadcast_to(np.asarray(desc["low"], dtype), shape),

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.distributions import Categorical, Distribution, Normal
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from shoal.errors import ShoalError
 
@@ -166,17 +166,37 @@ class PolicyModule(nn.Module):
     ``encoder`` turns into features. Without an image the encoder is the identity (no weights).
     """
 
+    multi_discrete = False
+    """Whether this policy takes MultiDiscrete and MultiBinary action spaces (see ``nvec``)."""
+
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
                  images: bool = False):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box):
             raise ShoalError(f"observation space {obs_space} is not supported: shoal's policies need a Box")
-        if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-            raise ShoalError(f"action space {action_space} is not supported: use Discrete or Box")
+        multi = isinstance(action_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
+        if multi and not self.multi_discrete:
+            raise ShoalError(f"action space {action_space} is not supported by this algorithm: MultiDiscrete "
+                             "and MultiBinary actions train with ppo, a2c, trpo, impala or appo")
+        if not (multi or isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box))):
+            raise ShoalError(f"action space {action_space} is not supported: use Discrete, Box, MultiDiscrete or "
+                             "MultiBinary")
         self.obs_space, self.action_space = obs_space, action_space
         self.obs_dim = int(np.prod(obs_space.shape))
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.action_dim = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
+        # A MultiDiscrete (or MultiBinary: 2 values each) action is one categorical choice per
+        # element, flattened: nvec [k] values each, the network's outputs their sum.
+        self.nvec: np.ndarray | None = None
+        if isinstance(action_space, gym.spaces.MultiBinary):
+            self.nvec = np.full(int(np.prod(action_space.shape)), 2, np.int64)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self.nvec = action_space.nvec.reshape(-1).astype(np.int64)
+        if self.discrete:
+            self.action_dim = int(action_space.n)
+        elif self.nvec is not None:
+            self.action_dim = int(self.nvec.sum())
+        else:
+            self.action_dim = int(np.prod(action_space.shape))
         self.image = is_image(obs_space)
         self.input_shape, self.input_dtype = network_input(obs_space)
         self.encoder: nn.Module = nn.Identity()
@@ -221,37 +241,66 @@ class PolicyModule(nn.Module):
 
     def to_env(self, actions: Tensor) -> np.ndarray:
         """Actions as the env takes them: a discrete action's index counted from its space's
-        ``start`` (Discrete(3, start=-1) takes -1, 0, 1), continuous ones clipped to the bounds."""
+        ``start`` (Discrete(3, start=-1) takes -1, 0, 1; a MultiDiscrete's each element from its
+        own), in the space's shape and dtype, continuous ones clipped to the bounds."""
         a = actions.numpy()
         if self.discrete:
             return a.astype(np.int64) + int(self.action_space.start)
+        if self.nvec is not None:  # [N, k] indices; a MultiDiscrete's own start per element, as for Discrete
+            a = a.reshape(a.shape[0], *self.action_space.shape)
+            start = getattr(self.action_space, "start", None)
+            return (a + start if start is not None else a).astype(self.action_space.dtype)
         a = a.reshape(a.shape[0], *self.action_space.shape)
         return np.clip(a, self.action_space.low, self.action_space.high)
 
 
 class ActorCritic(PolicyModule):
-    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions.
+    """Separate actor and critic MLPs; categorical or diagonal-Gaussian actions, or for a
+    MultiDiscrete/MultiBinary space one categorical per element (independent given the state, as
+    stable-baselines3's MultiCategoricalDistribution and RLlib's MultiCategorical).
 
     With image observations (``images=True``) the two share one convolutional encoder, and are
     linear heads on its features (as stable-baselines3's and RLlib's CNN policies).
     """
+
+    multi_discrete = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
                  normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False):
         super().__init__(obs_space, action_space, normalize_obs, images)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        if not self.discrete:
+        if not self.discrete and self.nvec is None:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         hidden = () if self.image else hidden_sizes
         self.actor = mlp([self.feature_dim, *hidden, self.action_dim], act, out_gain=0.01)
         self.critic = mlp([self.feature_dim, *hidden, 1], act, out_gain=1.0)
+        if self.nvec is not None:
+            # The actor's flat outputs [N, sum(nvec)] are laid out as [N, k, max(nvec)], the slots
+            # past an element's own count filled with the smallest float (probability 0), so every
+            # element's softmax, sample and log-probability is one batched op. Not saved: rebuilt
+            # from the action space.
+            k, width = len(self.nvec), int(self.nvec.max())
+            offsets = np.concatenate([[0], np.cumsum(self.nvec)[:-1]])
+            slot = np.arange(width)
+            valid = slot[None, :] < self.nvec[:, None]
+            self.register_buffer("_slots", torch.as_tensor(np.where(valid, offsets[:, None] + slot, 0).reshape(-1)),
+                                 persistent=False)
+            self.register_buffer("_padding", torch.as_tensor(~valid), persistent=False)
+
+    def _per_element(self, out: Tensor) -> Tensor:
+        """A MultiDiscrete policy's actor outputs [N, sum(nvec)] as logits [N, k, max(nvec)]."""
+        logits = out[:, self._slots].view(out.shape[0], *self._padding.shape)
+        return logits.masked_fill(self._padding, torch.finfo(out.dtype).min)
 
     def dist(self, x: Tensor) -> Distribution:
         """Action distribution for network inputs ``x`` [N, *input_shape]."""
         out = self.actor(self.encoder(x))
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
+        if self.nvec is not None:
+            return Independent(Categorical(logits=self._per_element(out), validate_args=False), 1,
+                               validate_args=False)
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -262,6 +311,10 @@ class ActorCritic(PolicyModule):
             logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp(), 1, generator=generator)
             return actions.squeeze(-1), logp_all.gather(-1, actions).squeeze(-1)
+        if self.nvec is not None:
+            logp_all = torch.log_softmax(self._per_element(out), dim=-1)
+            actions = torch.multinomial(logp_all.exp().flatten(0, 1), 1, generator=generator).view(len(out), -1)
+            return actions, logp_all.gather(-1, actions[..., None]).squeeze(-1).sum(-1)
         std = self.log_std.exp()
         noise = torch.randn(out.shape, generator=generator)
         logp = -0.5 * noise.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)
@@ -284,6 +337,10 @@ class ActorCritic(PolicyModule):
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             return logp_all.gather(-1, actions.long()[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+        if self.nvec is not None:  # the elements' log-probabilities and entropies add up
+            logp_all = torch.log_softmax(self._per_element(out), dim=-1)
+            logp = logp_all.gather(-1, actions.long()[..., None]).squeeze(-1).sum(-1)
+            return logp, -(logp_all.exp() * logp_all).sum((-2, -1))
         log_std = self.log_std.expand_as(out)
         logp = -0.5 * ((actions - out) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         return logp.sum(-1), (log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
@@ -297,6 +354,12 @@ class ActorCritic(PolicyModule):
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
         out = self.actor(self.encoder(x))
+        if self.nvec is not None:
+            logits = self._per_element(out)
+            if deterministic:
+                return logits.argmax(-1)
+            return torch.multinomial(torch.softmax(logits, dim=-1).flatten(0, 1), 1,
+                                     generator=generator).view(len(out), -1)
         if deterministic:
             return out.argmax(-1) if self.discrete else out
         if self.discrete:

@@ -50,6 +50,7 @@ def status_of(fn):
     (gym.spaces.Box(-2.0, 2.0, (3,)), [[0.5, -2.0, 2.0]], [[0.5, -2.0, 2.5]]),
     (gym.spaces.Discrete(3, start=-1), [-1, 1], [-1, 2]),
     (gym.spaces.MultiDiscrete([3, 4]), [[2, 3]], [[2, 4]]),
+    (gym.spaces.MultiDiscrete([3, 4], start=[-1, 2]), [[-1, 5]], [[-2, 5]]),
     (gym.spaces.MultiBinary(4), [[1, 0, 0, 1]], [[1, 0, 2, 1]]),
     (gym.spaces.MultiBinary([2, 2]), [[[1, 0], [0, 1]]], [[[1, 0], [0, -1]]]),
 ])

@@ -1,4 +1,4 @@
-"""Advantage Actor-Critic (Mnih et al. 2016, synchronous form), discrete and continuous actions.
+"""Advantage Actor-Critic (Mnih et al. 2016, synchronous form), discrete, continuous and multi-discrete actions.
 
 Every iteration: runners take a few steps with version v, the learner makes one gradient step on
 the whole batch (policy gradient with GAE advantages, value regression, entropy bonus) with
@@ -76,4 +76,4 @@ class A2CLearner(OnPolicyLearner):
 
 
 register(AlgoSpec("a2c", A2CConfig, A2CLearner, make_actor_critic, "sync",
-                  "Advantage Actor-Critic (synchronous), discrete and continuous actions"))
+                  "Advantage Actor-Critic (synchronous), discrete, continuous and multi-discrete actions"))

@@ -46,4 +46,4 @@ class APPOLearner(VTraceLearner):
 
 
 register(AlgoSpec("appo", APPOConfig, APPOLearner, make_actor_critic, "async",
-                  "APPO: asynchronous PPO with V-trace targets, discrete and continuous actions"))
+                  "APPO: asynchronous PPO with V-trace targets, discrete, continuous and multi-discrete actions"))

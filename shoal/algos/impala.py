@@ -41,4 +41,4 @@ class IMPALALearner(VTraceLearner):
 
 
 register(AlgoSpec("impala", IMPALAConfig, IMPALALearner, make_actor_critic, "async",
-                  "IMPALA: asynchronous actor-critic with V-trace, discrete and continuous actions"))
+                  "IMPALA: asynchronous actor-critic with V-trace, discrete, continuous and multi-discrete actions"))

@@ -1,4 +1,4 @@
-"""Proximal Policy Optimization (Schulman et al. 2017), discrete and continuous actions.
+"""Proximal Policy Optimization (Schulman et al. 2017), discrete, continuous and multi-discrete actions.
 
 Synchronous on-policy loop: runners sample with version v, the learner computes GAE advantages
 and optimises the clipped surrogate for a few epochs of minibatches, then publishes v+1.
@@ -111,4 +111,4 @@ class PPOLearner(OnPolicyLearner):
 
 
 register(AlgoSpec("ppo", PPOConfig, PPOLearner, make_actor_critic, "sync",
-                  "Proximal Policy Optimization, discrete and continuous actions"))
+                  "Proximal Policy Optimization, discrete, continuous and multi-discrete actions"))

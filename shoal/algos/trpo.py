@@ -1,4 +1,4 @@
-"""Trust Region Policy Optimization (Schulman et al. 2015), discrete and continuous actions.
+"""Trust Region Policy Optimization (Schulman et al. 2015), discrete, continuous and multi-discrete actions.
 
 The policy step is the natural gradient: conjugate gradient solves F x = g with Fisher-vector
 products (the Hessian of the mean KL, by double backprop), the step is scaled to the KL bound
@@ -166,4 +166,4 @@ def make_trpo_policy(config: TRPOConfig, obs_space, action_space) -> ActorCritic
 
 
 register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_trpo_policy, "sync",
-                  "Trust Region Policy Optimization, discrete and continuous actions"))
+                  "Trust Region Policy Optimization, discrete, continuous and multi-discrete actions"))

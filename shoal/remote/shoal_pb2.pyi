@@ -17,7 +17,7 @@ class Array(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Space(_message.Message):
-    __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "start", "nvec")
+    __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "start", "nvec", "starts")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class Space(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     NVEC_FIELD_NUMBER: _ClassVar[int]
+    STARTS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
@@ -34,7 +35,8 @@ class Space(_message.Message):
     n: int
     start: int
     nvec: Array
-    def __init__(self, kind: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., low: _Optional[_Union[Array, _Mapping]] = ..., high: _Optional[_Union[Array, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ..., nvec: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
+    starts: Array
+    def __init__(self, kind: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., low: _Optional[_Union[Array, _Mapping]] = ..., high: _Optional[_Union[Array, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ..., nvec: _Optional[_Union[Array, _Mapping]] = ..., starts: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class EnvInfo(_message.Message):
     __slots__ = ("env_id", "num_envs", "observation_space", "action_space")

@@ -64,7 +64,8 @@ def encode_space(space: gym.Space) -> pb.Space:
     if isinstance(space, gym.spaces.Discrete):
         return pb.Space(kind="discrete", shape=(), dtype=space.dtype.name, n=int(space.n), start=int(space.start))
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return pb.Space(kind="multi_discrete", shape=space.shape, dtype=space.dtype.name, nvec=encode(space.nvec))
+        return pb.Space(kind="multi_discrete", shape=space.shape, dtype=space.dtype.name, nvec=encode(space.nvec),
+                        starts=encode(space.start))
     if isinstance(space, gym.spaces.MultiBinary):
         return pb.Space(kind="multi_binary", shape=space.shape, dtype=space.dtype.name)
     raise WireError(f"cannot describe a {type(space).__name__} space")
@@ -77,7 +78,11 @@ def decode_space(msg: pb.Space) -> gym.Space:
     if msg.kind == "discrete":
         return gym.spaces.Discrete(msg.n, start=msg.start)
     if msg.kind == "multi_discrete":
-        return gym.spaces.MultiDiscrete(decode(msg.nvec))
+        nvec = decode(msg.nvec)
+        starts = decode(msg.starts) if msg.HasField("starts") else np.zeros_like(nvec)
+        if starts.shape != nvec.shape:
+            raise WireError(f"a multi_discrete space's starts {starts.shape} and nvec {nvec.shape} differ in shape")
+        return gym.spaces.MultiDiscrete(nvec, start=starts)
     if msg.kind == "multi_binary":  # MultiBinary(5), not MultiBinary([5]): the two compare unequal
         return gym.spaces.MultiBinary(msg.shape[0] if len(msg.shape) == 1 else list(msg.shape))
     raise WireError(f"unknown space kind {msg.kind[:32]!r}")
@@ -101,7 +106,7 @@ def check_actions(space: gym.Space, actions: np.ndarray, num_envs: int) -> np.nd
     if isinstance(space, gym.spaces.Discrete):
         lo, hi = space.start, space.start + space.n - 1
     elif isinstance(space, gym.spaces.MultiDiscrete):
-        lo, hi = 0, space.nvec - 1
+        lo, hi = space.start, space.start + space.nvec - 1
     else:
         lo, hi = 0, 1
     if np.any(actions < lo) or np.any(actions > hi):
