@@ -151,7 +151,7 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--set", "gamma=2"], "gamma must be in (0, 1]"),
     (["train", "ppo", "--set", "gama=0.9"], "unknown setting 'gama' (did you mean gamma?)"),
     (["train", "ppo", "--set", "gamma"], "--set expects key=value"),
-    (["train", "ppo", "--minibatch-size", "100000"], "minibatch_size must be between 1 and the batch size"),
+    (["train", "ppo", "--minibatch-size", "100000"], "minibatch_size 100000 is larger than a batch (rollout_steps x envs = "),
     (["train", "ppo", "--address", "auto"], "--address joins a Ray cluster: add --backend ray"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),

@@ -41,9 +41,11 @@ class PPOConfig(OnPolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.num_epochs >= 1, "num_epochs must be at least 1")
-        _check(1 <= self.minibatch_size <= self.batch_size,
-               f"minibatch_size must be between 1 and the batch size "
-               f"(rollout_steps x envs = {self.batch_size}), got {self.minibatch_size}")
+        _check(self.minibatch_size >= 1, f"minibatch_size must be at least 1, got {self.minibatch_size}")
+        _check(self.minibatch_size <= self.batch_size,
+               f"minibatch_size {self.minibatch_size} is larger than a batch (rollout_steps x envs = "
+               f"{self.rollout_steps} x {self.num_envs} = {self.batch_size}): give --minibatch-size "
+               f"{self.batch_size} or less, or raise --rollout-steps or --num-envs-per-runner")
         _check(self.clip > 0, "clip must be positive")
         _check(self.vf_clip is None or self.vf_clip > 0, "vf_clip must be positive or None")
 
