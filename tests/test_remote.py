@@ -187,6 +187,41 @@ def test_an_env_that_raises_on_the_server_is_replaced_and_its_client_counts_it(s
     env.close()
 
 
+class _BrokenStep(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        raise RuntimeError("the simulator is down")
+
+
+def test_an_env_that_raises_on_every_step_is_logged_once_per_interval_not_per_step(servers, caplog, monkeypatch):
+    """A broken env fails every step of every session: the server's log says so at once, then at
+    most once per interval with a count, and counts every failure."""
+    from shoal.remote import envserver
+
+    gym.register("ShoalBrokenStep-v0", entry_point=_BrokenStep)
+    server = servers(env_id="ShoalBrokenStep-v0", num_envs=2)
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    env.reset(seed=0)
+    caplog.set_level("WARNING", logger="shoal")
+    for _ in range(50):
+        env.step(np.zeros(2, np.int64))
+    warnings = [r.getMessage() for r in caplog.records if "were replaced" in r.getMessage()]
+    assert warnings == ["2 env(s) of ShoalBrokenStep-v0 raised and were replaced; the last said RuntimeError: "
+                        f"the simulator is down (at {__file__}:{_BrokenStep.step.__code__.co_firstlineno + 1})"]
+    assert server.env_failures == 100
+    monkeypatch.setattr(envserver, "ENV_ERROR_LOG_INTERVAL_S", 0.0)  # the interval has passed
+    env.step(np.zeros(2, np.int64))
+    assert caplog.records[-1].getMessage().startswith("100 env(s) of ShoalBrokenStep-v0 raised in the last ")
+    env.close()
+    gym.registry.pop("ShoalBrokenStep-v0")
+
+
 def test_a_server_that_stays_down_fails_clearly(servers):
     server = servers(num_envs=2)
     env = RemoteVectorEnv(f"remote://{server.address}", reconnect_s=1.0, timeout_s=1.0)

@@ -23,6 +23,8 @@ from shoal.remote.server import Abort, GrpcServer, log
 from shoal.remote.wire import check_actions, decode, encode, encode_info, encode_space
 
 SERVICE = "shoal.v1.EnvService"
+ENV_ERROR_LOG_INTERVAL_S = 10.0
+"""Envs that raise are logged at once, then at most once per this many seconds, with a count."""
 
 
 class Session:
@@ -56,6 +58,8 @@ class EnvServer:
         self.sessions: dict[str, Session] = {}
         self.lock = threading.Lock()
         self.steps_served = 0  # env steps, all sessions
+        self.env_failures = 0  # envs that raised and were replaced, all sessions
+        self._failures_unlogged, self._failures_logged_at = 0, -float("inf")
         self.server = GrpcServer(SERVICE, {
             "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
             "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
@@ -161,9 +165,24 @@ class EnvServer:
         if errors is not None:  # envs that raised were replaced: the client drops and counts their episodes
             reply.env_errors.CopyFrom(encode(np.asarray(errors, bool)))
             reply.env_error = s.env.last_error[:500]
-            log.warning("%d env(s) of a session of %s raised (%s); replaced", int(errors.sum()), s.env_id,
-                        s.env.last_error)
+            self._log_env_failures(int(errors.sum()), s)
         return reply
+
+    def _log_env_failures(self, count: int, s: Session) -> None:
+        """Warn of envs that raised: the first time at once, then at most once per
+        ENV_ERROR_LOG_INTERVAL_S with how many since, so an env broken for good (every step of
+        every session) does not flood the server's log."""
+        with self.lock:
+            self.env_failures += count
+            self._failures_unlogged += count
+            now = time.monotonic()
+            if now - self._failures_logged_at < ENV_ERROR_LOG_INTERVAL_S:
+                return
+            since = now - self._failures_logged_at
+            count, self._failures_unlogged, self._failures_logged_at = self._failures_unlogged, 0, now
+        when = f" in the last {since:.0f} s" if since != float("inf") else ""
+        log.warning("%d env(s) of %s raised%s and were replaced; the last said %s", count, s.env_id, when,
+                    s.env.last_error)
 
     def close(self, req: pb.CloseRequest, context: Any) -> pb.CloseReply:
         with self.lock:
