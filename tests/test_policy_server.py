@@ -122,6 +122,13 @@ def test_served_actions_equal_policy_act_across_batch_sizes(tmp_path, tiny):
             for size in (1, 3, 16, 64):
                 got = np.concatenate([client.act(obs[i:i + size])[0] for i in range(0, 64, size)])
                 np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+            stream = client.stream()
+            for i in range(3):  # one observation, not a batch: one action, as policy.act gives it
+                for act in (client.act, stream.act):
+                    one = act(obs[i])[0]
+                    assert one.shape == expected[i].shape
+                    np.testing.assert_allclose(one, expected[i], rtol=1e-6, atol=1e-6)
+            stream.close()
             # many clients at once: batched into shared forward passes, each gets its own rows
             out = [None] * 32
 

@@ -175,8 +175,12 @@ class PolicyServer:
         policy = self._policy(req.policy_id)
         obs = decode(req.obs)
         shape = policy.observation_space.shape
+        single = obs.shape == shape  # one observation: one action back, as policy.act does
+        if single:
+            obs = obs[None]
         if obs.ndim != len(shape) + 1 or obs.shape[1:] != shape or obs.shape[0] < 1:
-            raise WireError(f"obs must have shape [n, {', '.join(map(str, shape))}], got {list(obs.shape)}")
+            raise WireError(f"obs must have shape [{', '.join(map(str, shape))}] (one) or "
+                            f"[n, {', '.join(map(str, shape))}] (a batch), got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
             raise WireError("obs must be finite numbers")
         if policy.module.image and (obs.min() < 0 or obs.max() > 255):
@@ -186,7 +190,7 @@ class PolicyServer:
             [(actions, version)] = self._infer_batch([request])
         else:
             actions, version = await self.infer.acall(request)
-        return pb.ActReply(actions=encode(actions), version=version)
+        return pb.ActReply(actions=encode(actions[0] if single else actions), version=version)
 
     def _infer_batch(self, requests: list[tuple[Policy, np.ndarray, bool]]) -> list[tuple[np.ndarray, int]]:
         """One forward pass per (policy, mode) for every request gathered."""
