@@ -113,6 +113,10 @@ class Config:
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
+        _check(self.inference != "central" or self.num_inference_servers <= self.num_env_runners,
+               f"num_inference_servers {self.num_inference_servers} is more than num_env_runners "
+               f"{self.num_env_runners}: runner i uses server i % {self.num_inference_servers}, so "
+               f"{self.num_inference_servers - self.num_env_runners} would serve no one")
         _check(self.max_env_restarts >= 0 and self.max_runner_restarts >= 0 and self.max_failures >= 0,
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")

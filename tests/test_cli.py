@@ -153,6 +153,8 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--set", "gamma"], "--set expects key=value"),
     (["train", "ppo", "--minibatch-size", "100000"], "minibatch_size 100000 is larger than a batch (rollout_steps x envs = "),
     (["train", "ppo", "--address", "auto"], "--address joins a Ray cluster: add --backend ray"),
+    (["train", "ppo", "--inference", "central", "--num-env-runners", "2", "--num-inference-servers", "3"],
+     "num_inference_servers 3 is more than num_env_runners 2: runner i uses server i % 3, so 1 would serve no one"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
     (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
