@@ -223,7 +223,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
     else:
         result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
-                              args.max_steps)
+                              args.max_steps, args.episodes)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {episodes} ({mode}; length {result['eval/length_mean']:.1f}; "

@@ -17,22 +17,32 @@ from shoal.policy import PolicyModule, set_up_torch, set_weights
 
 @torch.no_grad()
 def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int,
-                 max_steps: int) -> dict[str, float]:
-    """Play one episode in each of ``env``'s copies, in parallel, and return their statistics;
-    an episode still going after ``max_steps`` steps is cut there."""
-    episodes = env.num_envs
+                 max_steps: int, episodes: int | None = None) -> dict[str, float]:
+    """Play ``episodes`` episodes (default: one in each of ``env``'s copies) and return their
+    statistics; an episode still going after ``max_steps`` steps is cut there.
+
+    Episodes run one per copy, in parallel, in rounds: each round resets every copy (round r with
+    seed ``seed + r * copies``, so no two episodes share a seed) and keeps the first episodes it
+    still needs. A remote env's copies are the server's count, not ours: 2 copies play 5 episodes
+    in 3 rounds, 64 copies give their first 5.
+    """
+    copies = env.num_envs
+    episodes = episodes or copies
     generator = torch.Generator().manual_seed(seed)
-    obs, _ = env.reset(seed=seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
-    running = np.ones(episodes, bool)
-    for _ in range(max_steps):
-        if not running.any():
-            break
-        a = module.act(module.normalize(torch.as_tensor(obs)), deterministic, generator)
-        obs, r, term, trunc, _ = env.step(module.to_env(a))
-        returns += r * running
-        lengths += running
-        running &= ~(term | trunc)
+    for first in range(0, episodes, copies):
+        wanted = min(copies, episodes - first)
+        obs, _ = env.reset(seed=seed + first)
+        running = np.arange(copies) < wanted
+        ret, length = returns[first: first + wanted], lengths[first: first + wanted]  # views
+        for _ in range(max_steps):
+            if not running.any():
+                break
+            a = module.act(module.normalize(torch.as_tensor(obs)), deterministic, generator)
+            obs, r, term, trunc, _ = env.step(module.to_env(a))
+            ret += r[:wanted] * running[:wanted]
+            length += running[:wanted]
+            running &= ~(term | trunc)
     return episode_stats(returns, lengths)
 
 
@@ -132,6 +142,6 @@ class Evaluator:
         if episodes not in self.envs:
             self.envs[episodes] = make_vector_env(self.config.env, episodes)
         result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
-                                              self.config.eval_max_steps)
+                                              self.config.eval_max_steps, episodes)
         result["eval/policy_version"] = self.version
         return result

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from shoal.onpolicy import make_actor_critic
 from shoal.policy import get_weights
@@ -60,6 +61,27 @@ def test_an_evaluation_episode_that_never_ends_is_cut(tiny):
     module.to_env = lambda a: np.zeros(len(a), np.int64)  # 0 = up
     result = run_episodes(module, env, deterministic=True, seed=0, max_steps=300)
     assert result["eval/length_mean"] == 300 and result["eval/return_mean"] == -300
+
+
+def test_an_evaluation_plays_the_episodes_asked_for_whatever_the_envs_copies(tiny):
+    """A remote env has the server's number of copies: 2 copies play 5 episodes in rounds, 8 give
+    their first 5, and with a deterministic policy both are the very episodes of 5 copies (the
+    same seeds, episode for episode)."""
+    from shoal.envs import make_vector_env
+    from shoal.evaluator import run_episodes
+
+    config = tiny(env="CartPole-v1")
+    env5 = make_vector_env("CartPole-v1", 5)
+    module = make_actor_critic(config, env5.single_observation_space, env5.single_action_space)
+    with torch.no_grad():
+        for p in module.actor.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(0))
+    expected = run_episodes(module, env5, deterministic=True, seed=3, max_steps=500)
+    assert expected["eval/episodes"] == 5 and expected["eval/return_std"] > 0  # episodes that differ
+    for copies in (2, 8):
+        got = run_episodes(module, make_vector_env("CartPole-v1", copies), deterministic=True, seed=3,
+                           max_steps=500, episodes=5)
+        assert got == expected, copies
 
 
 def test_recorded_episodes_report_their_own_returns_the_same_as_an_evaluation(tiny, tmp_path):
