@@ -26,6 +26,19 @@ def tiny():
     return small_ppo
 
 
+def user_module(tmp_path, monkeypatch, name: str, source: str):
+    """Write ``source`` as module ``name`` in ``tmp_path`` and make it importable, as a user's env
+    file beside them is (``--env name:EnvId``). A copy imported by an earlier test is dropped, so
+    this test's file, with its path, is the one imported. Returns the file's path."""
+    import sys
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return path
+
+
 def start_ray(**kwargs):
     """ray.init for a test module, tried twice: on a loaded 2-core machine a new cluster's GCS can
     miss Ray's start-up deadline once (seen while the other test worker saturated both cores)."""

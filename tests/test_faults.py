@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from conftest import user_module
 
 import shoal
 from shoal.algos.ppo import PPOConfig
@@ -189,10 +190,7 @@ def test_an_env_that_fails_every_time_ends_the_run_in_one_line_and_leaves_no_run
     run directory, and the same --run-dir takes the fixed env."""
     from shoal.cli import main
 
-    module = tmp_path / "shoal_user_envs.py"
-    module.write_text(USER_ENVS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "shoal_user_envs", raising=False)  # this test's copy, and its path
+    module = user_module(tmp_path, monkeypatch, "shoal_user_envs", USER_ENVS)
     run = tmp_path / "run"
     argv = ["train", "ppo", "--run-dir", str(run), "--no-progress", "--no-tensorboard", "--total-steps", "512",
             "--max-env-restarts", "2", "--num-envs-per-runner", "1", "--minibatch-size", "64"]
@@ -220,9 +218,7 @@ def test_a_discrete_action_space_that_does_not_start_at_zero_gets_actions_from_i
 
     from shoal.cli import main
 
-    (tmp_path / "shoal_user_envs.py").write_text(USER_ENVS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "shoal_user_envs", raising=False)
+    user_module(tmp_path, monkeypatch, "shoal_user_envs", USER_ENVS)
     run = tmp_path / algo
     extra = ["--learning-starts", "100"] if algo == "dqn" else ["--minibatch-size", "64"]
     assert main(["train", algo, "--env", "shoal_user_envs:Sim-start-v0", "--run-dir", str(run), "--no-progress",

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import user_module
 from torch.distributions import Categorical, kl_divergence
 
 import shoal
@@ -58,9 +57,7 @@ gym.register("BinarySwitches-v0", entry_point=Switches, kwargs={"space": gym.spa
 
 @pytest.fixture
 def switch_envs(tmp_path, monkeypatch):
-    (tmp_path / "shoal_switch_envs.py").write_text(SWITCH_ENVS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "shoal_switch_envs", raising=False)
+    user_module(tmp_path, monkeypatch, "shoal_switch_envs", SWITCH_ENVS)
     yield
     for env_id in ("Switches-v0", "BinarySwitches-v0"):  # the next test's copy registers its own
         gym.registry.pop(env_id, None)
