@@ -22,7 +22,7 @@ from shoal.envs import describe_space, env_spaces, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
-from shoal.policy import Policy, set_up_torch, set_weights
+from shoal.policy import Policy, UnsupportedActions, set_up_torch, set_weights
 from shoal.runner import EnvRunner
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
@@ -41,7 +41,10 @@ class Algorithm:
         self.obs_space, self.action_space = env_spaces(config.env)
         # Build the policy once here: a space the algorithm cannot handle fails with one line in
         # the driver, before any backend starts (on Ray it would fail inside an actor).
-        self.spec.make_policy(config, self.obs_space, self.action_space)
+        try:
+            self.spec.make_policy(config, self.obs_space, self.action_space)
+        except UnsupportedActions as e:
+            raise ShoalError(f"{self.spec.name} does not support action space {e.space}: {e.hint}") from None
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
         if config.inference == "central" and self.apex:

@@ -154,6 +154,15 @@ def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Se
     return nn.Sequential(*layers)
 
 
+class UnsupportedActions(ShoalError):
+    """An action space that this kind of policy network cannot act in, though another can; the
+    driver names the algorithm (:class:`shoal.algorithm.Algorithm`)."""
+
+    def __init__(self, space: gym.Space, hint: str):
+        super().__init__(f"action space {space} is not supported by this algorithm: {hint}")
+        self.space, self.hint = space, hint
+
+
 class PolicyModule(nn.Module):
     """What runners, evaluators and deployment need of any policy network.
 
@@ -176,8 +185,8 @@ class PolicyModule(nn.Module):
             raise ShoalError(f"observation space {obs_space} is not supported: shoal's policies need a Box")
         multi = isinstance(action_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         if multi and not self.multi_discrete:
-            raise ShoalError(f"action space {action_space} is not supported by this algorithm: MultiDiscrete "
-                             "and MultiBinary actions train with ppo, a2c, trpo, impala or appo")
+            raise UnsupportedActions(action_space, "MultiDiscrete and MultiBinary actions train with ppo, a2c, "
+                                     "trpo, impala or appo")
         if not (multi or isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box))):
             raise ShoalError(f"action space {action_space} is not supported: use Discrete, Box, MultiDiscrete or "
                              "MultiBinary")

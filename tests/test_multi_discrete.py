@@ -133,6 +133,6 @@ def test_off_policy_algorithms_refuse_multi_discrete_actions_in_one_line(switch_
     assert main(["train", algo, "--env", "shoal_switch_envs:Switches-v0", "--run-dir", str(run),
                  "--no-progress"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "shoal: error: action space MultiDiscrete([3 4 2], start=[-1  0  5]) is not supported by this "
-        "algorithm: MultiDiscrete and MultiBinary actions train with ppo, a2c, trpo, impala or appo")
+        f"shoal: error: {algo} does not support action space MultiDiscrete([3 4 2], start=[-1  0  5]): "
+        "MultiDiscrete and MultiBinary actions train with ppo, a2c, trpo, impala or appo")
     assert not run.exists()
