@@ -398,6 +398,14 @@ def set_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
 
+def _dtype_kind(obs: Any) -> str:
+    """The numpy dtype kind of ``obs`` as an array ("O" for anything ragged)."""
+    try:
+        return np.asarray(obs).dtype.kind
+    except ValueError:
+        return "O"
+
+
 class Policy:
     """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
 
@@ -413,10 +421,10 @@ class Policy:
             generator: torch.Generator | None = None) -> np.ndarray:
         """Actions for one observation or a batch [N, *obs_shape]. An env whose observations shoal
         flattens (Discrete, Tuple, Dict: FrozenLake's int, Blackjack's tuple) may be given them as
-        the env returns them, one or a list."""
+        the env returns them, one or a list. For a Discrete one, integers are states (a batch of 16
+        FrozenLake states is 16 observations, not one flat vector), unless they are one-hot rows."""
+        obs = self.flat_observations(obs)
         shape = self.observation_space.shape
-        if np.shape(obs)[-len(shape):] != shape or isinstance(obs, (dict, tuple)):
-            obs = self._flattened(obs)
         obs = np.asarray(obs, dtype=self.module.input_dtype)
         single = obs.shape == shape
         if not single and obs.shape[1:] != shape:
@@ -426,22 +434,44 @@ class Policy:
         actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
         return actions[0] if single else actions
 
-    def _flattened(self, obs: Any) -> Any:
-        """``obs`` as the policy's flat vector(s), when its env's own space is one shoal flattens
-        and ``obs`` is in it (or a list of such); anything else is returned for act to refuse."""
+    @property
+    def env_observation_space(self) -> gym.Space | None:
+        """The space of the env's own observations when shoal flattens them for the network
+        (FrozenLake's Discrete, Blackjack's Tuple): :meth:`act` takes those too. None for any
+        other env, or where the env is not installed (the policy then takes flat vectors only)."""
         from shoal.envs import FLATTENED, is_remote, raw_observation_space
 
-        env = getattr(self.config, "env", None)
-        if env is None or is_remote(env):
+        if not hasattr(self, "_env_space"):
+            env = getattr(self.config, "env", None)
+            self._env_space = None
+            if env is not None and not is_remote(env) and not self.module.image:
+                try:
+                    raw = raw_observation_space(env)
+                except ShoalError:  # the env is not installed where the policy is deployed
+                    raw = None
+                self._env_space = raw if isinstance(raw, FLATTENED) else None
+        return self._env_space
+
+    def flat_observations(self, obs: Any) -> Any:
+        """``obs`` as the network's flat vector(s) when it holds the env's own observation(s) (see
+        :attr:`env_observation_space`); anything else unchanged, for the caller's shape check."""
+        shape = self.observation_space.shape
+        integers = isinstance(obs, (int, np.integer, np.ndarray, list)) and _dtype_kind(obs) in "iu"
+        if np.shape(obs)[-len(shape):] == shape and not isinstance(obs, (dict, tuple)) and not integers:
             return obs
-        if not hasattr(self, "_raw_space"):
-            try:
-                self._raw_space = raw_observation_space(env)
-            except ShoalError:  # the env is not installed where the policy is deployed
-                self._raw_space = None
-        raw = self._raw_space
-        if not isinstance(raw, FLATTENED):
+        raw = self.env_observation_space
+        if raw is None:
             return obs
+        if isinstance(raw, gym.spaces.Discrete) and integers:  # one or many states: one-hot, at once
+            states = np.asarray(obs, dtype=np.int64)
+            if states.shape[-1:] == shape and states.ndim <= 2 and np.isin(states, (0, 1)).all() \
+                    and np.all(states.sum(-1) == 1):
+                return obs  # one-hot vectors already, as gymnasium's flatten gives them
+            states = states - int(raw.start)
+            if states.size and (states.min() < 0 or states.max() >= raw.n):
+                bad = states[(states < 0) | (states >= raw.n)].flat[0] + int(raw.start)
+                raise ShoalError(f"observation {bad} is not in the env's observation space {raw}")
+            return np.eye(int(raw.n), dtype=np.float32)[states]
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
         try:
             if raw.contains(obs):

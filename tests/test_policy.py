@@ -130,3 +130,11 @@ def test_a_policy_takes_observations_as_its_env_gives_them_when_shoal_flattened_
     assert list(policy.act(raw)) == list(expected)
     with pytest.raises(ShoalError, match="observations of shape"):
         policy.act(np.zeros(3, np.float32))
+    if env_id == "FrozenLake-v1":  # integers are states: 16 of them are a batch, not one flat vector
+        states = np.arange(16)
+        actions = policy.act(states)
+        assert actions.shape == (16,)
+        np.testing.assert_array_equal(actions, policy.act(np.eye(16, dtype=np.float32)))
+        assert list(actions) == [policy.act(int(s)) for s in states]
+        with pytest.raises(ShoalError, match=r"observation 16 is not in the env's observation space Discrete\(16\)"):
+            policy.act(np.array([3, 16]))

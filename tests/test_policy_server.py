@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -164,6 +165,41 @@ def test_several_policies_by_id_and_clear_errors(tmp_path, tiny):
             assert e.value.code() == code and e.value.details() and isinstance(e.value, grpc.RpcError)
             assert str(e.value) == f"policy server {server.address}: {code.name}: {e.value.details()}"
         assert client.act(np.zeros((1, 4), np.float32), policy_id="cart")[0].shape == (1,)  # still serving
+    finally:
+        client.close()
+        server.stop(grace=0)
+
+
+def test_frozen_lake_states_are_served_as_the_env_gives_them(tmp_path, tiny):
+    """A client in another language sends FrozenLake's integer states, one or a batch, as the env
+    gives them; Describe names that space. The network still sees one-hot vectors."""
+    policy = make_checkpoint(tmp_path / "lake", env="FrozenLake-v1", tiny=tiny)
+    make_checkpoint(tmp_path / "cart", tiny=tiny)
+    server = PolicyServer({"lake": tmp_path / "lake", "cart": tmp_path / "cart"}, port=0, max_batch=8).start()
+    client = PolicyClient(server.address)
+    try:
+        own = client.describe("lake").env_observation_space
+        assert (own.kind, own.n, own.start) == ("discrete", 16, 0)
+        assert not client.describe("cart").HasField("env_observation_space")
+        expected = policy.act(np.eye(16, dtype=np.float32))
+        stream = client.stream()
+        for act in (client.act, stream.act):
+            got = act(np.arange(16), policy_id="lake")[0]  # 16 states, a batch: not one flat vector of 16
+            assert got.shape == (16,)
+            np.testing.assert_array_equal(got, expected)
+            for state in (0, 5, 15):
+                one = act(np.int64(state), policy_id="lake")[0]
+                assert one.shape == () and one == expected[state]
+        stream.close()
+        np.testing.assert_array_equal(client.act(np.eye(16, dtype=np.float32), policy_id="lake")[0], expected)
+        for obs, message in [(np.array([3, 16]), "observation 16 is not in the env's observation space "
+                                                 "Discrete(16)"),
+                             (np.zeros(3, np.float32), "obs must have shape [16] (one) or [n, 16] (a batch), or "
+                                                       "the env's own observation(s) in Discrete(16), got [3]")]:
+            with pytest.raises(shoal.ServerError, match=re.escape(message)) as e:
+                client.act(obs, policy_id="lake")
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.act(np.int64(1), policy_id="lake")[0] == expected[1]  # still serving
     finally:
         client.close()
         server.stop(grace=0)

@@ -35,7 +35,7 @@ from shoal.policy import Policy, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import ServerError, client_token, open_channel
 from shoal.remote.server import Abort, AioGrpcServer, log
-from shoal.remote.wire import WireError, decode, encode, encode_space
+from shoal.remote.wire import ENCODABLE, WireError, decode, encode, encode_space
 from shoal.rundir import LIVE
 
 TRAINER_POLICY_ID = "default"  # the id a single-policy trainer publishes under
@@ -167,20 +167,28 @@ class PolicyServer:
 
     def describe(self, req: pb.PolicyRequest, context: Any) -> pb.PolicyInfo:
         policy = self._policy(req.policy_id)
+        own = policy.env_observation_space
         return pb.PolicyInfo(policy_id=req.policy_id or self.default, version=policy.version,
                              observation_space=encode_space(policy.observation_space),
-                             action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies))
+                             action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies),
+                             env_observation_space=encode_space(own) if isinstance(own, ENCODABLE) else None)
 
     async def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
         policy = self._policy(req.policy_id)
         obs = decode(req.obs)
         shape = policy.observation_space.shape
+        try:  # FrozenLake's states as the env gives them, from a client that does not one-hot them
+            obs = np.asarray(policy.flat_observations(obs))
+        except ShoalError as e:
+            raise WireError(str(e)) from None
         single = obs.shape == shape  # one observation: one action back, as policy.act does
         if single:
             obs = obs[None]
         if obs.ndim != len(shape) + 1 or obs.shape[1:] != shape or obs.shape[0] < 1:
+            own = policy.env_observation_space
+            also = f", or the env's own observation(s) in {own}" if isinstance(own, ENCODABLE) else ""
             raise WireError(f"obs must have shape [{', '.join(map(str, shape))}] (one) or "
-                            f"[n, {', '.join(map(str, shape))}] (a batch), got {list(obs.shape)}")
+                            f"[n, {', '.join(map(str, shape))}] (a batch){also}, got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
             raise WireError("obs must be finite numbers")
         if policy.module.image and (obs.min() < 0 or obs.max() > 255):

@@ -145,18 +145,20 @@ class PolicyRequest(_message.Message):
     def __init__(self, policy_id: _Optional[str] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("policy_id", "version", "observation_space", "action_space", "policy_ids")
+    __slots__ = ("policy_id", "version", "observation_space", "action_space", "policy_ids", "env_observation_space")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     POLICY_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     version: int
     observation_space: Space
     action_space: Space
     policy_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, policy_id: _Optional[str] = ..., version: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., policy_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    env_observation_space: Space
+    def __init__(self, policy_id: _Optional[str] = ..., version: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., policy_ids: _Optional[_Iterable[str]] = ..., env_observation_space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
 
 class ActRequest(_message.Message):
     __slots__ = ("policy_id", "obs", "deterministic")
