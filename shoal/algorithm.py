@@ -38,7 +38,7 @@ class Algorithm:
         self.started = time.perf_counter()
         self.config, self.spec = config, spec_for(config)
         set_up_torch(config.torch_threads)  # before this process's first torch op (the policy below)
-        self.obs_space, self.action_space = env_spaces(config.env)
+        self.obs_space, self.action_space = env_spaces(config.env, config.env_kwargs)
         # Build the policy once here: a space the algorithm cannot handle fails with one line in
         # the driver, before any backend starts (on Ray it would fail inside an actor).
         try:

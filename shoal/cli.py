@@ -107,7 +107,9 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 (algorithm, env), --config FILE.yaml (a flat mapping of these settings), --set key=value
 (repeatable; values read as YAML), and the flags below.
 
-Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run)."""
+Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run),
+--env-kwargs KEY=VALUE ... (the env constructor's keyword arguments, as gym.make takes them:
+--env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs)."""
 
 
 def _pre_parser(prog: str) -> argparse.ArgumentParser:
@@ -116,6 +118,7 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--set", action="append", nargs="+", default=[])
     pre.add_argument("--resume")
     pre.add_argument("--env", action="append")  # repeated: several remote:// env servers
+    pre.add_argument("--env-kwargs", action="append", nargs="+", default=[])
     return pre
 
 
@@ -128,6 +131,8 @@ def cmd_train(argv: list[str], console: Console) -> int:
     algo_name = None if argv[0].startswith("-") else argv[0]
     known, rest = _pre_parser(f"shoal train {algo_name or ''}".rstrip()).parse_known_args(argv[1:] if algo_name else argv)
     sets = cfg.parse_set([item for group in known.set for item in group])
+    if known.env_kwargs:
+        sets["env_kwargs"] = cfg.parse_set([item for group in known.env_kwargs for item in group], "--env-kwargs")
     env = cfg.env_setting(known.env) if known.env else None
     if known.resume:
         from shoal.algorithm import config_from_dict
@@ -188,6 +193,9 @@ class EvalArgs:
     env: str | None = None
     """Evaluate on this env id instead of the run's (say, a local copy of the env a run trained on
     through env servers); its spaces must be the policy's."""
+    env_kwargs: tuple[str, ...] | None = None
+    """KEY=VALUE keyword arguments of the env's constructor instead of the run's env_kwargs (which
+    apply to the run's own env id only): --env-kwargs is_slippery=true."""
 
 
 def cmd_eval(argv: list[str], console: Console) -> int:
@@ -196,7 +204,9 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.envs import is_remote, make_vector_env
     from shoal.evaluator import record_episodes, run_episodes
 
-    args = _parse(EvalArgs, argv, "shoal eval")
+    from shoal.config import parse_set
+
+    args = _parse(EvalArgs, _gather(argv, "--env-kwargs"), "shoal eval")
     if args.episodes < 1 or args.max_steps < 1:
         raise ShoalError("--episodes and --max-steps must be at least 1")
     if args.seed < 0:
@@ -206,12 +216,17 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     path = ckpt.resolve(args.path)
     env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
-    if args.env:
+    run_kwargs = dict(getattr(policy.config, "env_kwargs", None) or {})
+    if args.env_kwargs is not None:
+        env_kwargs = parse_set(list(args.env_kwargs), "--env-kwargs")
+    else:
+        env_kwargs = run_kwargs if env_id == getattr(policy.config, "env", env_id) else {}
+    if args.env or env_kwargs != run_kwargs:
         from shoal.envs import env_spaces
 
-        spaces = env_spaces(args.env)
+        spaces = env_spaces(env_id, env_kwargs)
         if spaces != (policy.observation_space, policy.action_space):
-            raise ShoalError(f"{args.env} has observations {spaces[0]} and actions {spaces[1]}; the policy takes "
+            raise ShoalError(f"{env_id} has observations {spaces[0]} and actions {spaces[1]}; the policy takes "
                              f"{policy.observation_space} and gives {policy.action_space}")
     if args.video and is_remote(env_id):
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
@@ -219,11 +234,11 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     mode = "deterministic" if deterministic else "stochastic"
     if args.video:  # the statistics of the recorded episodes themselves: one pass, not two
         paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
-                                        args.video, args.max_steps)
+                                        args.video, args.max_steps, env_kwargs)
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
     else:
-        result = run_episodes(policy.module, make_vector_env(env_id, args.episodes), deterministic, args.seed,
-                              args.max_steps, args.episodes)
+        envs = make_vector_env(env_id, args.episodes, env_kwargs)
+        result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {episodes} ({mode}; length {result['eval/length_mean']:.1f}; "
@@ -309,6 +324,9 @@ class ServeEnvArgs:
 
     env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_ID")]
     """Environment id served by default (any installed Gymnasium env)."""
+    env_kwargs: tuple[str, ...] = ()
+    """KEY=VALUE keyword arguments of ENV_ID's constructor, as gym.make takes them (values read as
+    YAML): --env-kwargs is_slippery=false."""
     num_envs: int = 8
     """Envs per client session, stepped together as one batch per request."""
     host: str = "127.0.0.1"
@@ -355,14 +373,18 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     from shoal.remote.envserver import EnvServer
     from shoal.remote.server import read_token
 
-    args = _parse(ServeEnvArgs, _gather(argv, "--allow"), "shoal serve-env")
+    from shoal.config import parse_set
+
+    args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
         raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
+                       env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
                        session_timeout_s=args.session_timeout_s, host=args.host, port=args.port,
                        token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                        tls_cert=args.tls_cert, tls_key=args.tls_key)
-    return _serve(server, console, f"serving {args.env_id} ({args.num_envs} envs per session)")
+    made = "".join(f"{k}={v!r}, " for k, v in server.env_kwargs.items())
+    return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ class Config:
     env: str = "CartPole-v1"
     """Gymnasium environment id (`shoal envs` lists them), or env servers:
     remote://HOST:PORT[,HOST:PORT...][/ENV_ID] (--env repeated, or a list in a config file, joins them)."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the env's constructor, as gym.make(env, **env_kwargs) takes them:
+    --env-kwargs is_slippery=false map_name=8x8 (values read as YAML)."""
     backend: Literal["local", "ray"] = "local"
     """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
     address: str | None = None
@@ -128,6 +131,10 @@ class Config:
             from shoal.envs import check_env_id
 
             check_env_id(self.env)
+        elif self.env_kwargs:
+            from shoal.envs import REMOTE_KWARGS
+
+            raise ConfigError(REMOTE_KWARGS)
 
     @property
     def num_envs(self) -> int:
@@ -159,6 +166,11 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         non_none = [a for a in args if a is not type(None)]
         hint = non_none[0] if len(non_none) == 1 else hint
         origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{key} expects a mapping of names to values, such as {{is_slippery: false}}; "
+                              f"got {value!r}")
+        return dict(value)
     if origin is tuple:
         items = value if isinstance(value, (list, tuple)) else [value]
         try:
@@ -223,18 +235,18 @@ def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str)
     return out
 
 
-def parse_set(items: list[str]) -> dict[str, Any]:
+def parse_set(items: list[str], flag: str = "--set") -> dict[str, Any]:
     """Parse ``--set key=value`` items; values are read as YAML scalars (``1e-3``, ``true``, ``[64, 64]``)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} expects key=value, got {item!r}")
         try:
             out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError as e:
-            raise ConfigError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
-                              "quote a list as --set 'hidden_sizes=[64, 64]'") from None
+            raise ConfigError(f"{flag} {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                              f"quote a list as {flag} 'key=[64, 64]'") from None
     return out
 
 

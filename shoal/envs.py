@@ -112,8 +112,9 @@ def register_spec(spec: Any) -> None:
         gym.registry[spec.id] = spec
 
 
-def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
-    """One Gymnasium env, with the failure of a missing optional dependency made readable."""
+def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """One Gymnasium env, with the failure of a missing optional dependency made readable.
+    ``kwargs`` go to the env's constructor, as ``gym.make(env_id, **kwargs)`` gives them."""
     if is_remote(env_id):
         raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
@@ -124,24 +125,28 @@ def make_env(env_id: str, render_mode: str | None = None) -> gym.Env:
     try:
         # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
         # even as None, and a custom env's __init__ need not take it.
-        return _made(env_id, **({} if render_mode is None else {"render_mode": render_mode}))
+        return _made(env_id, **(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode}))
     except gym.error.DependencyNotInstalled as e:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
     except ShoalError:
         raise
     except Exception as e:  # the env's own constructor failed: say what it said, and where
-        raise ShoalError(f"environment {env_id!r} could not be made: {error_line(e)}") from e
+        given = f" with env_kwargs {kwargs}" if kwargs else ""
+        raise ShoalError(f"environment {env_id!r} could not be made{given}: {error_line(e)}") from e
 
 
-def raw_observation_space(env_id: str) -> gym.Space:
+def raw_observation_space(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Space:
     """The observation space ``env_id`` itself gives, before shoal flattens it."""
     check_env_id(env_id)
-    env = gym.make(env_id)
+    env = gym.make(env_id, **(kwargs or {}))
     try:
         return env.observation_space
     finally:
         env.close()
 
+
+REMOTE_KWARGS = ("env_kwargs apply to envs made in this process; an env server makes its own: give them to "
+                 "`shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
@@ -305,8 +310,8 @@ class ResilientVectorEnv(SyncVectorEnv):
         return self.envs[i].reset(seed=seed)
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env of ``num_envs`` copies.
+def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
+    """A synchronous vector env of ``num_envs`` copies, each made with ``kwargs``.
 
     Same-step autoreset: when an episode ends, ``step`` returns the first observation of the next
     episode and puts the last one in ``info["final_obs"]``, so a truncated episode can be
@@ -318,20 +323,25 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     if is_remote(env_id):
         from shoal.remote.client import RemoteVectorEnv
 
+        if kwargs:
+            raise ShoalError(REMOTE_KWARGS)
         return RemoteVectorEnv(env_id)
-    make_env(env_id).close()  # fail early, with a clear message, before building N copies
-    return ResilientVectorEnv([lambda: _made(env_id) for _ in range(num_envs)])
+    make_env(env_id, kwargs=kwargs).close()  # fail early, with a clear message, before building N copies
+    kwargs = dict(kwargs or {})
+    return ResilientVectorEnv([lambda: _made(env_id, **kwargs) for _ in range(num_envs)])
 
 
-def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one copy of ``env_id``."""
+def env_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one copy of ``env_id`` (made with ``kwargs``)."""
     if is_remote(env_id):
+        if kwargs:
+            raise ShoalError(REMOTE_KWARGS)
         from shoal.remote.client import describe
         from shoal.remote.wire import decode_space
 
         info = describe(env_id)
         return decode_space(info.observation_space), decode_space(info.action_space)
-    env = make_env(env_id)
+    env = make_env(env_id, kwargs=kwargs)
     try:
         return env.observation_space, env.action_space
     finally:

@@ -72,7 +72,7 @@ class EnvRunner:
             from shoal.replay import NStep
 
             self.nstep = NStep(config.gamma, config.n_step)
-        self.env = make_vector_env(config.env, config.num_envs_per_runner)
+        self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs)
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
         self.version = -1

@@ -83,6 +83,33 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert done.stdout.startswith("wrote 1 video to "), done.stdout
 
 
+def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_path):
+    """FrozenLake without slipping (is_slippery=false, as gym.make takes it) is walked in 6 steps;
+    on the slippery default the same policy almost never arrives. The run's evaluations, its
+    config, a resume and `shoal eval` all make the env the run trained on."""
+    import csv
+
+    def evals():
+        with open(run / "eval.csv") as f:
+            return [(float(r["eval/return_mean"]), float(r["eval/length_mean"])) for r in csv.DictReader(f)]
+
+    run = tmp_path / "lake"
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "is_slippery=false",
+                           "--total-steps", "12000", "--eval-interval", "4000", "--run-dir", str(run), "--no-progress")
+    assert code == 0, err
+    assert yaml.safe_load((run / "config.yaml").read_text())["env_kwargs"] == {"is_slippery": False}
+    assert evals()[-1] == (1.0, 6.0)
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "16000", "--no-progress")
+    assert code == 0, err
+    assert len(evals()) == 4 and evals()[-1] == (1.0, 6.0)
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "20")
+    assert code == 0 and "return 1.00 ± 0.00 over 20 episodes (deterministic; length 6.0" in out
+    code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "50", "--env-kwargs", "is_slippery=true")
+    assert code == 0 and float(out.split("return ")[1].split()[0]) < 0.5
+    code, _, err = run_cli(capsys, "eval", str(run), "--env-kwargs", "map_name=8x8")
+    assert code == 2 and "FrozenLake-v1 has observations Box(0.0, 1.0, (64,), float32)" in err
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
@@ -159,6 +186,10 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
     (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
     (["train", "ppo", "--set", "lr="], "lr needs a value (give lr=VALUE)"),
+    (["train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "is_slipery=false"],
+     "environment 'FrozenLake-v1' could not be made with env_kwargs {'is_slipery': False}: TypeError: "),
+    (["train", "ppo", "--env-kwargs", "is_slippery"], "--env-kwargs expects key=value, got 'is_slippery'"),
+    (["train", "ppo", "--set", "env_kwargs=3"], "env_kwargs expects a mapping of names to values"),
     (["train", "td3", "--env", "CartPole-v1"], "td3 needs continuous (Box) actions; use dqn, sac or ppo"),
     (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions; use sac, td3 or ddpg"),
     (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
@@ -367,7 +398,8 @@ def test_help_lists_every_field_and_the_listing_commands(capsys):
         main(["train", "ppo", "--help"])
     out = capsys.readouterr().out
     for flag in ("--env", "--backend", "--address", "--num-env-runners", "--num-envs-per-runner", "--seed",
-                 "--total-steps", "--stop-return", "--run-dir", "--gae-lambda", "--vf-clip", "--set", "--resume"):
+                 "--total-steps", "--stop-return", "--run-dir", "--gae-lambda", "--vf-clip", "--set", "--resume",
+                 "--env-kwargs"):
         assert flag in out, flag
     assert "Discount factor" in out  # field docstrings become help text
     code, out, _ = run_cli(capsys, "algos")
@@ -457,6 +489,9 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     (["serve-env", "CartPole-v1", "--port", "99999"], "port 99999 is not a TCP port"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable"),
     (["train", "ppo", "--env", "remote://nohost"], "bad env server address 'nohost'"),
+    (["train", "ppo", "--env", "remote://127.0.0.1:1", "--env-kwargs", "is_slippery=false"],
+     "env_kwargs apply to envs made in this process; an env server makes its own: give them to `shoal serve-env"),
+    (["serve-env", "FrozenLake-v1", "--env-kwargs", "is_slipery=false"], "could not be made with env_kwargs"),
     (["train", "ppo", "--env", "CartPole-v1", "--env", "remote://127.0.0.1:1"], "env takes one env id, or several"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1/Acrobot-v1", "--env", "remote://127.0.0.1:2/CartPole-v1"],
      "the env servers name different env ids"),

@@ -108,6 +108,17 @@ def test_remote_vector_env_steps_like_the_local_one(servers):
     remote.close()
 
 
+def test_the_served_env_is_made_with_the_servers_env_kwargs(servers):
+    """FrozenLake without slipping: every env walks right along the top row, one cell per step."""
+    server = servers("FrozenLake-v1", 3, env_kwargs={"is_slippery": False})
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    obs, _ = env.reset(seed=0)
+    for cell in range(4):
+        np.testing.assert_array_equal(obs.argmax(1), [cell] * 3)
+        obs = env.step(np.full(3, 2))[0]  # 2: right
+    env.close()
+
+
 def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
     from shoal.algos.ppo import PPOConfig
     from shoal.config import build

@@ -232,7 +232,7 @@ def _first_policy(source: Path, follow: bool) -> Policy:
         if not (follow and (source / LIVE).is_file()):
             raise
     algo, config = run_config(source)
-    return Policy(get(algo).make_policy(config, *env_spaces(config.env)), version=-1)
+    return Policy(get(algo).make_policy(config, *env_spaces(config.env, config.env_kwargs)), version=-1)
 
 
 def _store_actor(live: dict[str, Any]) -> Any:
