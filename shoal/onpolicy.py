@@ -17,7 +17,7 @@ from torch import Tensor
 
 from shoal.config import Config, _check
 from shoal.learner import Learner, clip_grad_norm
-from shoal.policy import ActorCritic
+from shoal.policy import ActorCritic, RunningNorm
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
 
@@ -48,6 +48,10 @@ class OnPolicyConfig(Config):
     """Normalise observations by a running mean/std (kept in the policy and its checkpoints)."""
     reward_scale: float = 1.0
     """Multiply rewards by this before computing returns (keeps value targets near unit scale)."""
+    normalize_rewards: bool = False
+    """Divide the rewards the learner sees by a running std of the discounted return, clipped to
+    +-10 (stable-baselines3's VecNormalize norm_reward; kept in checkpoints). The returns shoal
+    reports stay the env's own."""
     log_std_init: float = 0.0
     """Initial log standard deviation of continuous actions."""
 
@@ -84,6 +88,35 @@ class OnPolicyLearner(Learner):
     policy: ActorCritic
     optimizer: torch.optim.Optimizer  # each algorithm's (TRPO's: the value function's)
 
+    REWARD_CLIP = 10.0  # of normalised rewards, as VecNormalize's clip_reward
+
+    def __init__(self, config: OnPolicyConfig, obs_space, action_space, store, policy_id: str = "default"):
+        super().__init__(config, obs_space, action_space, store, policy_id)
+        self.return_norm = RunningNorm(()) if config.normalize_rewards else None
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.return_norm is not None:
+            state["return_norm"] = {k: v.clone() for k, v in self.return_norm.state_dict().items()}
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self.return_norm is not None and "return_norm" in state:
+            self.return_norm.load_state_dict(state["return_norm"])
+        super().set_state(state)
+
+    def learner_rewards(self, rollouts: list[Rollout]) -> Tensor:
+        """The rewards [T, B] the losses use: scaled, and with normalize_rewards divided by the
+        running std of the discounted return (its statistics first updated with these rollouts')."""
+        rewards = torch.as_tensor(np.concatenate([r.rewards for r in rollouts], axis=1)) * self.config.reward_scale
+        if self.return_norm is None:
+            return rewards
+        for r in rollouts:
+            if r.return_moments is not None:
+                self.return_norm.update(r.return_moments)
+        std = torch.sqrt(self.return_norm.var + self.return_norm.eps).to(rewards.dtype)
+        return (rewards / std).clamp(-self.REWARD_CLIP, self.REWARD_CLIP)
+
     def extra_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
@@ -105,10 +138,10 @@ class OnPolicyLearner(Learner):
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
         critic (0 after termination; the true final observation's value after truncation)."""
-        c, m = self.config, self.policy
+        m = self.policy
         cat = lambda name: torch.as_tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
         obs, actions, logp = cat("obs"), cat("actions"), cat("logp")
-        rewards = cat("rewards") * c.reward_scale
+        rewards = self.learner_rewards(rollouts)
         terminated, truncated = cat("terminated"), cat("truncated")
         T, B = rewards.shape
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])

@@ -37,6 +37,7 @@ class Rollout:
     obs_moments: Moments | None  # raw-observation moments, merged into the normaliser by the learner
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    return_moments: Moments | None = None  # of the discounted returns so far, each step (normalize_rewards)
 
     @property
     def env_steps(self) -> int:
@@ -85,6 +86,9 @@ class EnvRunner:
         self.env.action_space.seed(seed)
         self.ep_return = np.zeros(self.env.num_envs)
         self.ep_length = np.zeros(self.env.num_envs, dtype=np.int64)
+        # normalize_rewards: each env's discounted return so far, whose spread scales the rewards
+        # the learner sees (stable-baselines3's VecNormalize(norm_reward=True) keeps the same)
+        self.discounted = np.zeros(self.env.num_envs) if getattr(config, "normalize_rewards", False) else None
 
     def sync_weights(self) -> int:
         """Load the newest published weights, if newer than ours; return our version."""
@@ -121,6 +125,7 @@ class EnvRunner:
         returns: list[float] = []
         lengths: list[int] = []
         floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
+        discounted = np.empty((num_steps, B)) if self.discounted is not None else None
         for t in range(num_steps):
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
@@ -144,6 +149,10 @@ class EnvRunner:
             self.ep_return += r
             self.ep_length += 1
             done = term | trunc
+            if discounted is not None:
+                self.discounted = self.discounted * self.config.gamma + r
+                discounted[t] = self.discounted
+                self.discounted[done] = 0.0
             if done.any():
                 errors = info.get("_env_error")
                 for b in np.flatnonzero(done):
@@ -175,6 +184,7 @@ class EnvRunner:
             policy_id=self.policy_id, policy_version=self.version, runner_id=self.runner_id,
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths,
+            return_moments=Moments.of(discounted.reshape(-1)) if discounted is not None else None,
         )
 
     def _non_finite(self, rewards: np.ndarray, obs: np.ndarray, envs: list[int] | None = None) -> None:

@@ -125,6 +125,46 @@ def test_rollouts_older_than_max_policy_lag_are_dropped_and_counted():
     assert learner.update(old).version == 3  # nothing fresh: nothing learned or published
 
 
+def test_normalized_rewards_are_divided_by_the_running_std_of_the_discounted_return():
+    """normalize_rewards as stable-baselines3's VecNormalize: each env's discounted return runs on
+    across rollouts and restarts at 0 after its episode ends; the learner divides the rewards by the
+    std of every such return so far, clips to +-10, and keeps the statistics in its state."""
+    from shoal.algos.ppo import PPOConfig, PPOLearner
+    from shoal.envs import env_spaces
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    config = PPOConfig(env="Pendulum-v1", normalize_rewards=True, gamma=0.9, rollout_steps=150,
+                       num_envs_per_runner=2, minibatch_size=60)
+    store = WeightStore()
+    learner = PPOLearner(config, *env_spaces("Pendulum-v1"), store)
+    learner.publish()
+    runner = EnvRunner(config, 0, store)
+    rollouts = [runner.sample(150) for _ in range(2)]  # Pendulum's 200-step episodes end in the second
+    rewards = np.concatenate([r.rewards for r in rollouts])
+    done = np.concatenate([r.terminated | r.truncated for r in rollouts])
+    assert done.any()
+    running, returns = np.zeros(2), []
+    for t in range(300):
+        running = running * 0.9 + rewards[t]
+        returns.append(running.copy())
+        running[done[t]] = 0.0
+    returns = np.array(returns)
+    for r, part in zip(rollouts, (returns[:150], returns[150:])):
+        np.testing.assert_allclose([r.return_moments.count, r.return_moments.mean, r.return_moments.var],
+                                   [300, part.mean(), part.var()], rtol=1e-6)  # rollouts hold float32 rewards
+    seen = learner.learner_rewards(rollouts[:1])
+    var = returns[:150].var() * 300 / (300 + 1e-4) + returns[:150].mean() ** 2 * 300 * 1e-4 / (300 + 1e-4) ** 2 \
+        + 1e-4 / (300 + 1e-4)  # merged with the prior: count 1e-4, mean 0, var 1
+    np.testing.assert_allclose(seen.numpy(), np.clip(rewards[:150] / np.sqrt(var + 1e-8), -10, 10), rtol=1e-5)
+    assert np.abs(seen.numpy()).max() < 1 < np.abs(rewards[:150]).max()  # Pendulum's, down to -16, scaled down
+    learner.update(rollouts[1])
+    copy = PPOLearner(config, *env_spaces("Pendulum-v1"), WeightStore())
+    copy.set_state(learner.get_state())
+    assert float(copy.return_norm.count) == 600 + 1e-4
+    assert torch.equal(copy.return_norm.var, learner.return_norm.var)
+
+
 @pytest.mark.parametrize("algo", ["a2c", "trpo", "impala", "appo"])
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
 def test_each_algorithm_trains_discrete_and_continuous(algo, env, tmp_path):
