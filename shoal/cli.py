@@ -161,7 +161,7 @@ def cmd_train(argv: list[str], console: Console) -> int:
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:
-    status = "[green]solved[/green]" if s["solved"] else "done"
+    status = "[green]solved[/green]" if s["solved"] else "stopped at --stop-time-s" if s.get("timed_out") else "done"
     console.print(f"{status}: eval return {s['eval_return_mean']:.1f} ± {s['eval_return_std']:.1f} "
                   f"after {s['env_steps']:,} env steps in {s['elapsed_s']:.1f} s "
                   f"(best {s['best_eval_return']:.1f})")

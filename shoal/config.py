@@ -52,6 +52,9 @@ class Config:
     shoal reports stay the env's own."""
     stop_return: float | None = None
     """Stop early once the mean evaluation return reaches this value."""
+    stop_time_s: float | None = None
+    """Stop once the run's wall time (time/wall_s: sampling, learning, evaluations, checkpoints, and
+    the sessions before a resume) reaches this many seconds; the run then evaluates and saves."""
     run_dir: str | None = None
     """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -123,6 +126,7 @@ class Config:
         _check(self.max_env_restarts >= 0 and self.max_runner_restarts >= 0 and self.max_failures >= 0,
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
+        _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         _check(self.address is None or self.backend == "ray",

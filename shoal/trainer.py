@@ -73,7 +73,7 @@ Callback = Callable[[Algorithm, dict[str, Any]], None]
 
 
 def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None) -> dict[str, Any]:
-    """Train until ``total_steps`` or ``stop_return``; returns a summary of the run.
+    """Train until ``total_steps``, ``stop_return`` or ``stop_time_s``; returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
     progress.csv, when it has one: see ``log_interval``)."""
@@ -104,6 +104,9 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     def reached(result: dict[str, Any]) -> bool:
         return c.stop_return is not None and result["eval/return_mean"] >= c.stop_return
 
+    def out_of_time() -> bool:
+        return c.stop_time_s is not None and algo.wall_s >= c.stop_time_s
+
     def evaluate() -> dict[str, Any]:
         nonlocal best
         result = algo.evaluate()
@@ -118,7 +121,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     try:
         with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
-            while algo.env_steps < c.total_steps and not solved:
+            while algo.env_steps < c.total_steps and not solved and not out_of_time():
                 metrics = algo.train()
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
@@ -156,7 +159,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     return {"run_dir": str(run.path), "env_steps": algo.env_steps, "iterations": algo.iteration,
             "elapsed_s": algo.elapsed_s, "eval_return_mean": evaluation["eval/return_mean"],
             "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
-            "solved": solved, "checkpoint": str(last), "plot": str(plot)}
+            "solved": solved, "timed_out": not solved and algo.env_steps < c.total_steps and out_of_time(),
+            "checkpoint": str(last), "plot": str(plot)}
 
 
 def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None) -> dict[str, Any]:
@@ -266,6 +270,9 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
             if instance.env_steps >= config.total_steps:
                 raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
                                  f"pass a larger --total-steps to train on")
+            if config.stop_time_s is not None and instance.wall_s >= config.stop_time_s:
+                raise ShoalError(f"{run_dir} already ran for {instance.wall_s:.0f} s of stop_time_s="
+                                 f"{config.stop_time_s:g}: pass a larger --stop-time-s to train on")
             run.write_config(algo, config)  # only once the checkpoint took these settings
         except BaseException:
             instance.stop()

@@ -110,6 +110,26 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
     assert code == 2 and "FrozenLake-v1 has observations Box(0.0, 1.0, (64,), float32)" in err
 
 
+def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):
+    import csv
+
+    run = tmp_path / "timed"
+    code, out, err = run_cli(capsys, "train", "ppo", "--stop-time-s", "2", "--total-steps", "100000000",
+                             "--eval-interval", "0", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    assert "stopped at --stop-time-s: eval return" in err  # the summary goes where the progress bar does
+    with open(run / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert 2 <= float(rows[-1]["time/wall_s"]) < 10 and int(rows[-1]["env_steps"]) < 100_000_000
+    assert float(rows[-2]["time/wall_s"]) < 2  # the first iteration past the limit was the last
+    code, _, err = run_cli(capsys, "train", "--resume", str(run))
+    assert code == 2 and f"{run} already ran for " in err and "pass a larger --stop-time-s to train on" in err
+    code, out, err = run_cli(capsys, "train", "--resume", str(run), "--stop-time-s", "4")
+    assert code == 0 and "stopped at --stop-time-s" in err, err
+    code, _, err = run_cli(capsys, "train", "ppo", "--stop-time-s", "0")
+    assert code == 2 and "stop_time_s must be positive" in err
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
