@@ -406,6 +406,40 @@ def _dtype_kind(obs: Any) -> str:
         return "O"
 
 
+def one_hot(space: gym.Space, obs: Any, flat_shape: tuple[int, ...]) -> Any:
+    """Integer observations of a Discrete, MultiDiscrete (one axis) or MultiBinary space, one or a
+    batch, as gymnasium's ``flatten`` lays them out (a one-hot vector per discrete part), in one
+    NumPy op; ``obs`` unchanged if its shape is not the space's. For a Discrete space, rows that
+    are one-hot already (gymnasium's flatten gives integers) stay as they are."""
+    x = np.asarray(obs, dtype=np.int64)
+    if isinstance(space, gym.spaces.Discrete):
+        if x.shape[-1:] == flat_shape and x.ndim <= 2 and np.isin(x, (0, 1)).all() and np.all(x.sum(-1) == 1):
+            return obs
+        rel, n, lead = x - int(space.start), np.asarray(space.n), x.shape
+    elif isinstance(space, gym.spaces.MultiBinary):
+        k = len(space.shape)
+        if x.shape[x.ndim - k:] != space.shape or x.ndim < k:
+            return obs
+        if not np.isin(x, (0, 1)).all():
+            raise ShoalError(f"observation values in the env's observation space {space} are 0 or 1, got "
+                             f"{int(x[~np.isin(x, (0, 1))].flat[0])}")
+        return x.reshape(*x.shape[:x.ndim - k], -1).astype(np.float32)
+    elif space.nvec.ndim == 1 and x.shape[-1:] == space.nvec.shape:
+        rel, n, lead = x - space.start, space.nvec, x.shape[:-1]
+    else:
+        return obs
+    bad = (rel < 0) | (rel >= n)
+    if bad.any():
+        what = "observation" if isinstance(space, gym.spaces.Discrete) else "observation element"
+        raise ShoalError(f"{what} {int(x[bad].flat[0]) if x.ndim else int(x)} is not in the env's observation "
+                         f"space {space}")
+    if isinstance(space, gym.spaces.Discrete):
+        return np.eye(int(space.n), dtype=np.float32)[rel]
+    out = np.zeros((*lead, int(n.sum())), np.float32)
+    np.put_along_axis(out, rel + np.concatenate([[0], np.cumsum(n)[:-1]]), 1.0, axis=-1)
+    return out
+
+
 class Policy:
     """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
 
@@ -462,16 +496,8 @@ class Policy:
         raw = self.env_observation_space
         if raw is None:
             return obs
-        if isinstance(raw, gym.spaces.Discrete) and integers:  # one or many states: one-hot, at once
-            states = np.asarray(obs, dtype=np.int64)
-            if states.shape[-1:] == shape and states.ndim <= 2 and np.isin(states, (0, 1)).all() \
-                    and np.all(states.sum(-1) == 1):
-                return obs  # one-hot vectors already, as gymnasium's flatten gives them
-            states = states - int(raw.start)
-            if states.size and (states.min() < 0 or states.max() >= raw.n):
-                bad = states[(states < 0) | (states >= raw.n)].flat[0] + int(raw.start)
-                raise ShoalError(f"observation {bad} is not in the env's observation space {raw}")
-            return np.eye(int(raw.n), dtype=np.float32)[states]
+        if integers and isinstance(raw, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+            return one_hot(raw, obs, shape)
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
         try:
             if raw.contains(obs):

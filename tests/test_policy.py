@@ -111,6 +111,23 @@ def test_clip_grad_norm_scales_as_torch_does_and_only_when_it_must():
             assert torch.equal(q.grad, g) == (max_norm > float(ours))  # scaled exactly when over max_norm
 
 
+@pytest.mark.parametrize("space", [gym.spaces.Discrete(5, start=2), gym.spaces.MultiDiscrete([3, 4, 2], start=[-1, 0, 5]),
+                                   gym.spaces.MultiBinary([2, 3])], ids=["discrete", "multi-discrete", "multi-binary"])
+def test_integer_observations_one_hot_as_gymnasium_flattens_them(space):
+    from shoal.policy import one_hot
+
+    space.seed(0)
+    raw = np.stack([np.asarray(space.sample()) for _ in range(7)])
+    flat = np.stack([gym.spaces.flatten(space, x) for x in raw]).astype(np.float32)
+    shape = (gym.spaces.flatdim(space),)
+    np.testing.assert_array_equal(one_hot(space, raw, shape), flat)  # a batch
+    np.testing.assert_array_equal(one_hot(space, raw[3], shape), flat[3])  # one
+    bad = raw.copy()
+    bad[4] = (space.start + space.n) if isinstance(space, gym.spaces.Discrete) else 2 + np.zeros_like(raw[4])
+    with pytest.raises(ShoalError, match=r"(observation|element|values) .*(not in|are 0 or 1)"):
+        one_hot(space, bad, shape)
+
+
 @pytest.mark.parametrize("env_id", ["FrozenLake-v1", "Blackjack-v1"])
 def test_a_policy_takes_observations_as_its_env_gives_them_when_shoal_flattened_them(env_id):
     """FrozenLake gives an int and Blackjack a tuple; the network takes their one-hot vectors.

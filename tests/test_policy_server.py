@@ -203,6 +203,17 @@ def test_frozen_lake_states_are_served_as_the_env_gives_them(tmp_path, tiny):
     finally:
         client.close()
         server.stop(grace=0)
+    # a small message of integers may not become a large array of one-hot vectors
+    server = PolicyServer({"lake": tmp_path / "lake"}, port=0, max_message_bytes=1 << 16).start()
+    client = PolicyClient(server.address)
+    try:
+        assert client.act(np.zeros(1024, np.int64))[0].shape == (1024,)  # 16,384 numbers: at the bound
+        with pytest.raises(shoal.ServerError, match="1025 integers of Discrete.16. one-hot into 16400 numbers, more "
+                                                    "than the 16384 of a message at the size limit"):
+            client.act(np.zeros(1025, np.int64))
+    finally:
+        client.close()
+        server.stop(grace=0)
 
 
 def test_a_client_of_a_missing_server_gets_one_line_naming_it():

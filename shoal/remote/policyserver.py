@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -34,9 +35,12 @@ from shoal.errors import ShoalError
 from shoal.policy import Policy, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import ServerError, client_token, open_channel
-from shoal.remote.server import Abort, AioGrpcServer, log
-from shoal.remote.wire import ENCODABLE, WireError, decode, encode, encode_space
+from shoal.remote.server import DEFAULT_MAX_MESSAGE_BYTES, Abort, AioGrpcServer, log
+from shoal.remote.wire import WireError, decode, encode, encode_space
 from shoal.rundir import LIVE
+
+ONE_HOT = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+"""The env observation spaces whose integers clients may send as they are (one array each)."""
 
 TRAINER_POLICY_ID = "default"  # the id a single-policy trainer publishes under
 
@@ -59,6 +63,7 @@ class PolicyServer:
         self.default = next(iter(self.policies))
         self.lock = threading.Lock()
         self.max_batch = max_batch
+        self.max_obs_numbers = server_options.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES) // 4
         self.infer = batched(max_batch, max_wait_ms)(self._infer_batch)  # one batcher per server
         self.server = AioGrpcServer(SERVICE, {"Describe": (self.describe, pb.PolicyRequest),
                                               "Act": (self.act, pb.ActRequest)},
@@ -171,22 +176,27 @@ class PolicyServer:
         return pb.PolicyInfo(policy_id=req.policy_id or self.default, version=policy.version,
                              observation_space=encode_space(policy.observation_space),
                              action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies),
-                             env_observation_space=encode_space(own) if isinstance(own, ENCODABLE) else None)
+                             env_observation_space=encode_space(own) if isinstance(own, ONE_HOT) else None)
 
     async def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
         policy = self._policy(req.policy_id)
         obs = decode(req.obs)
         shape = policy.observation_space.shape
-        try:  # FrozenLake's states as the env gives them, from a client that does not one-hot them
-            obs = np.asarray(policy.flat_observations(obs))
-        except ShoalError as e:
-            raise WireError(str(e)) from None
+        own = policy.env_observation_space
+        if isinstance(own, ONE_HOT) and obs.dtype.kind in "iu":  # the env's own integers (FrozenLake's states)
+            numbers = obs.size * gym.spaces.flatdim(own) // max(1, int(np.prod(own.shape)))
+            if numbers > self.max_obs_numbers:  # bound what a small message of integers may become
+                raise WireError(f"{obs.size} integers of {own} one-hot into {numbers} numbers, more than the "
+                                f"{self.max_obs_numbers} of a message at the size limit: send fewer per request")
+            try:
+                obs = np.asarray(policy.flat_observations(obs))
+            except ShoalError as e:
+                raise WireError(str(e)) from None
         single = obs.shape == shape  # one observation: one action back, as policy.act does
         if single:
             obs = obs[None]
         if obs.ndim != len(shape) + 1 or obs.shape[1:] != shape or obs.shape[0] < 1:
-            own = policy.env_observation_space
-            also = f", or the env's own observation(s) in {own}" if isinstance(own, ENCODABLE) else ""
+            also = f", or the env's own observation(s) in {own}" if isinstance(own, ONE_HOT) else ""
             raise WireError(f"obs must have shape [{', '.join(map(str, shape))}] (one) or "
                             f"[n, {', '.join(map(str, shape))}] (a batch){also}, got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):

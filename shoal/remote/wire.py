@@ -56,10 +56,6 @@ def decode(msg: pb.Array, max_elements: int = 1 << 26) -> np.ndarray:
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
 
 
-ENCODABLE = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-"""The spaces a message can describe."""
-
-
 def encode_space(space: gym.Space) -> pb.Space:
     """A Gymnasium space as a message."""
     if isinstance(space, gym.spaces.Box):
