@@ -481,7 +481,7 @@ class Policy:
             if env is not None and not is_remote(env) and not self.module.image:
                 try:
                     raw = raw_observation_space(env, getattr(self.config, "env_kwargs", None))
-                except ShoalError:  # the env is not installed where the policy is deployed
+                except Exception:  # the env (or a package it needs) is not installed where the policy is deployed
                     raw = None
                 self._env_space = raw if isinstance(raw, FLATTENED) else None
         return self._env_space

@@ -155,3 +155,22 @@ def test_a_policy_takes_observations_as_its_env_gives_them_when_shoal_flattened_
         assert list(actions) == [policy.act(int(s)) for s in states]
         with pytest.raises(ShoalError, match=r"observation 16 is not in the env's observation space Discrete\(16\)"):
             policy.act(np.array([3, 16]))
+
+
+def test_a_policy_whose_env_cannot_be_made_where_it_is_deployed_still_acts(tmp_path, monkeypatch):
+    """Integer observations make the policy look up its env's own space; an env that cannot be made
+    here (a simulator this machine lacks) leaves it taking flat vectors, not failing each call."""
+    from types import SimpleNamespace
+
+    from conftest import user_module
+
+    user_module(tmp_path, monkeypatch, "shoal_absent_env", (
+        "import gymnasium as gym\n\n"
+        "class Absent(gym.Env):\n"
+        "    def __init__(self):\n"
+        "        raise ImportError('needs a simulator this machine lacks')\n\n"
+        "gym.register('Absent-v0', entry_point=Absent)\n"))
+    box = gym.spaces.Box(-1, 1, (3,))
+    policy = Policy(ActorCritic(box, gym.spaces.Discrete(2)), config=SimpleNamespace(env="shoal_absent_env:Absent-v0"))
+    assert policy.act(np.zeros((2, 3), np.int64)).shape == (2,)
+    assert policy.env_observation_space is None
