@@ -18,11 +18,11 @@ from shoal import checkpoint as ckpt
 from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
-from shoal.envs import describe_space, env_spaces, space_from_description
+from shoal.envs import all_spaces, describe_space, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
-from shoal.policy import Policy, UnsupportedActions, set_up_torch, set_weights
+from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, set_up_torch, set_weights
 from shoal.runner import EnvRunner
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
@@ -38,7 +38,10 @@ class Algorithm:
         self.started = time.perf_counter()
         self.config, self.spec = config, spec_for(config)
         set_up_torch(config.torch_threads)  # before this process's first torch op (the policy below)
-        self.obs_space, self.action_space = env_spaces(config.env, config.env_kwargs)
+        self.obs_space, self.action_space, own = all_spaces(config.env, config.env_kwargs)
+        # the env's own observations, where shoal flattens them and a checkpoint can describe them:
+        # deployments (the policy server) take those too, without making the env
+        self.env_obs_space = own if isinstance(own, ONE_HOT_SPACES) else None
         # Build the policy once here: a space the algorithm cannot handle fails with one line in
         # the driver, before any backend starts (on Ray it would fail inside an actor).
         try:
@@ -319,7 +322,7 @@ class Algorithm:
         """The current policy, in this process, for ``policy.act(obs)``."""
         module = self.spec.make_policy(self.config, self.obs_space, self.action_space)
         set_weights(module, self.backend.get(self.learner.call("get_weights")))
-        return Policy(module, self.policy_version, self.config)
+        return Policy(module, self.policy_version, self.config, self.env_obs_space)
 
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -328,6 +331,7 @@ class Algorithm:
         runner_states = self.backend.get([r.call("get_state") for r in self.runners])
         policy = {"format": 1, "algo": self.spec.name, "config": to_dict(self.config),
                   "obs_space": describe_space(self.obs_space), "action_space": describe_space(self.action_space),
+                  **({"env_obs_space": describe_space(self.env_obs_space)} if self.env_obs_space is not None else {}),
                   "weights": {k: torch.tensor(v) for k, v in learner_state["weights"].items()},
                   "version": learner_state["version"]}
         driver = {"faults": {"runner_restarts": self.runner_restarts, "incarnations": self.incarnations,
@@ -445,4 +449,5 @@ def load_policy(path: str | Path) -> Policy:
     module = get(payload["algo"]).make_policy(config, space_from_description(payload["obs_space"]),
                                               space_from_description(payload["action_space"]))
     module.load_state_dict(payload["weights"])
-    return Policy(module, payload["version"], config)
+    own = payload.get("env_obs_space")
+    return Policy(module, payload["version"], config, space_from_description(own) if own is not None else None)

@@ -333,6 +333,12 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
 
 def env_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one copy of ``env_id`` (made with ``kwargs``)."""
+    return all_spaces(env_id, kwargs)[:2]
+
+
+def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space, gym.Space | None]:
+    """:func:`env_spaces`, and the env's own observation space where shoal flattens it (None
+    otherwise, and for env servers, which flatten on their side)."""
     if is_remote(env_id):
         if kwargs:
             raise ShoalError(REMOTE_KWARGS)
@@ -340,10 +346,15 @@ def env_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.S
         from shoal.remote.wire import decode_space
 
         info = describe(env_id)
-        return decode_space(info.observation_space), decode_space(info.action_space)
+        return decode_space(info.observation_space), decode_space(info.action_space), None
     env = make_env(env_id, kwargs=kwargs)
     try:
-        return env.observation_space, env.action_space
+        own, inner = None, env
+        while isinstance(inner, gym.Wrapper):
+            if isinstance(inner, gym.wrappers.FlattenObservation):
+                own = inner.env.observation_space
+            inner = inner.env
+        return env.observation_space, env.action_space, own
     finally:
         env.close()
 

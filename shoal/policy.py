@@ -406,6 +406,10 @@ def _dtype_kind(obs: Any) -> str:
         return "O"
 
 
+ONE_HOT_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+"""Observation spaces shoal one-hots whose integers a deployed policy takes in one array."""
+
+
 def one_hot(space: gym.Space, obs: Any, flat_shape: tuple[int, ...]) -> Any:
     """Integer observations of a Discrete, MultiDiscrete (one axis) or MultiBinary space, one or a
     batch, as gymnasium's ``flatten`` lays them out (a one-hot vector per discrete part), in one
@@ -443,12 +447,16 @@ def one_hot(space: gym.Space, obs: Any, flat_shape: tuple[int, ...]) -> Any:
 class Policy:
     """A trained policy for deployment: ``policy.act(obs)`` returns actions the env accepts."""
 
-    def __init__(self, module: PolicyModule, version: int = 0, config: Any = None):
+    def __init__(self, module: PolicyModule, version: int = 0, config: Any = None,
+                 env_observation_space: gym.Space | None = None):
         self.module = module.eval()
         self.version = version
         self.config = config  # the run's settings, when known (a checkpoint's, a live algorithm's)
         self.observation_space = module.obs_space
         self.action_space = module.action_space
+        # The env's own observation space, as the checkpoint recorded it (Discrete, MultiDiscrete,
+        # MultiBinary ones that shoal one-hots); None when it recorded none.
+        self.saved_env_observation_space = env_observation_space
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = True,
@@ -472,9 +480,12 @@ class Policy:
     def env_observation_space(self) -> gym.Space | None:
         """The space of the env's own observations when shoal flattens them for the network
         (FrozenLake's Discrete, Blackjack's Tuple): :meth:`act` takes those too. None for any
-        other env, or where the env is not installed (the policy then takes flat vectors only)."""
+        other env, or where the env is not installed (the policy then takes flat vectors only).
+        The checkpoint's record, when it has one; else the env is made here once to find out."""
         from shoal.envs import FLATTENED, is_remote, raw_observation_space
 
+        if self.saved_env_observation_space is not None:
+            return self.saved_env_observation_space
         if not hasattr(self, "_env_space"):
             env = getattr(self.config, "env", None)
             self._env_space = None
@@ -486,17 +497,18 @@ class Policy:
                 self._env_space = raw if isinstance(raw, FLATTENED) else None
         return self._env_space
 
-    def flat_observations(self, obs: Any) -> Any:
+    def flat_observations(self, obs: Any, make_env: bool = True) -> Any:
         """``obs`` as the network's flat vector(s) when it holds the env's own observation(s) (see
-        :attr:`env_observation_space`); anything else unchanged, for the caller's shape check."""
+        :attr:`env_observation_space`); anything else unchanged, for the caller's shape check.
+        ``make_env=False`` uses the checkpoint's record of the env's space only (a server)."""
         shape = self.observation_space.shape
         integers = isinstance(obs, (int, np.integer, np.ndarray, list)) and _dtype_kind(obs) in "iu"
         if np.shape(obs)[-len(shape):] == shape and not isinstance(obs, (dict, tuple)) and not integers:
             return obs
-        raw = self.env_observation_space
+        raw = self.env_observation_space if make_env else self.saved_env_observation_space
         if raw is None:
             return obs
-        if integers and isinstance(raw, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        if integers and isinstance(raw, ONE_HOT_SPACES):
             return one_hot(raw, obs, shape)
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
         try:

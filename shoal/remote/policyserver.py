@@ -32,15 +32,12 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.batching import batched
 from shoal.errors import ShoalError
-from shoal.policy import Policy, set_weights
+from shoal.policy import ONE_HOT_SPACES, Policy, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import ServerError, client_token, open_channel
 from shoal.remote.server import DEFAULT_MAX_MESSAGE_BYTES, Abort, AioGrpcServer, log
 from shoal.remote.wire import WireError, decode, encode, encode_space
 from shoal.rundir import LIVE
-
-ONE_HOT = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-"""The env observation spaces whose integers clients may send as they are (one array each)."""
 
 TRAINER_POLICY_ID = "default"  # the id a single-policy trainer publishes under
 
@@ -158,7 +155,7 @@ class PolicyServer:
         module = copy.deepcopy(current.module)  # batches in flight keep the policy they started with
         set_weights(module, weights)
         with self.lock:
-            self.policies[pid] = Policy(module, version)
+            self.policies[pid] = Policy(module, version, current.config, current.saved_env_observation_space)
         return True
 
     # -- handlers -------------------------------------------------------------------------------
@@ -172,31 +169,31 @@ class PolicyServer:
 
     def describe(self, req: pb.PolicyRequest, context: Any) -> pb.PolicyInfo:
         policy = self._policy(req.policy_id)
-        own = policy.env_observation_space
+        own = policy.saved_env_observation_space  # a server never makes the env to find out
         return pb.PolicyInfo(policy_id=req.policy_id or self.default, version=policy.version,
                              observation_space=encode_space(policy.observation_space),
                              action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies),
-                             env_observation_space=encode_space(own) if isinstance(own, ONE_HOT) else None)
+                             env_observation_space=encode_space(own) if own is not None else None)
 
     async def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
         policy = self._policy(req.policy_id)
         obs = decode(req.obs)
         shape = policy.observation_space.shape
-        own = policy.env_observation_space
-        if isinstance(own, ONE_HOT) and obs.dtype.kind in "iu":  # the env's own integers (FrozenLake's states)
+        own = policy.saved_env_observation_space  # as the checkpoint recorded it: a server makes no env
+        if own is not None and obs.dtype.kind in "iu":  # the env's own integers (FrozenLake's states)
             numbers = obs.size * gym.spaces.flatdim(own) // max(1, int(np.prod(own.shape)))
             if numbers > self.max_obs_numbers:  # bound what a small message of integers may become
                 raise WireError(f"{obs.size} integers of {own} one-hot into {numbers} numbers, more than the "
                                 f"{self.max_obs_numbers} of a message at the size limit: send fewer per request")
             try:
-                obs = np.asarray(policy.flat_observations(obs))
+                obs = np.asarray(policy.flat_observations(obs, make_env=False))
             except ShoalError as e:
                 raise WireError(str(e)) from None
         single = obs.shape == shape  # one observation: one action back, as policy.act does
         if single:
             obs = obs[None]
         if obs.ndim != len(shape) + 1 or obs.shape[1:] != shape or obs.shape[0] < 1:
-            also = f", or the env's own observation(s) in {own}" if isinstance(own, ONE_HOT) else ""
+            also = f", or the env's own observation(s) in {own}" if own is not None else ""
             raise WireError(f"obs must have shape [{', '.join(map(str, shape))}] (one) or "
                             f"[n, {', '.join(map(str, shape))}] (a batch){also}, got {list(obs.shape)}")
         if obs.dtype.kind not in "fiu" or not np.all(np.isfinite(obs)):
@@ -233,7 +230,7 @@ def _first_policy(source: Path, follow: bool) -> Policy:
     load."""
     from shoal.algorithm import load_policy
     from shoal.algos import get
-    from shoal.envs import env_spaces
+    from shoal.envs import all_spaces
     from shoal.trainer import run_config
 
     try:
@@ -242,7 +239,9 @@ def _first_policy(source: Path, follow: bool) -> Policy:
         if not (follow and (source / LIVE).is_file()):
             raise
     algo, config = run_config(source)
-    return Policy(get(algo).make_policy(config, *env_spaces(config.env, config.env_kwargs)), version=-1)
+    obs_space, action_space, own = all_spaces(config.env, config.env_kwargs)
+    return Policy(get(algo).make_policy(config, obs_space, action_space), version=-1, config=config,
+                  env_observation_space=own if isinstance(own, ONE_HOT_SPACES) else None)
 
 
 def _store_actor(live: dict[str, Any]) -> Any:
