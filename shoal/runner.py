@@ -265,7 +265,7 @@ class EnvRunner:
             "env": self.env, "obs": self.obs, "generator": self.generator.get_state(),
             "ep_return": self.ep_return, "ep_length": self.ep_length,
             "nstep": None if self.nstep is None else self.nstep.get_state(),
-            "dropped_episodes": self.dropped_episodes,
+            "dropped_episodes": self.dropped_episodes, "discounted": self.discounted,
         })
 
     def set_state(self, state: bytes) -> None:
@@ -276,6 +276,8 @@ class EnvRunner:
         self.generator.set_state(s["generator"])
         self.ep_return, self.ep_length = s["ep_return"], s["ep_length"]
         self.dropped_episodes = s.get("dropped_episodes", 0)
+        if self.discounted is not None and s.get("discounted") is not None:
+            self.discounted = s["discounted"]
         if self.nstep is not None and s.get("nstep") is not None:
             self.nstep.set_state(s["nstep"])
         self.version = -1  # pull the restored weights on the next sample

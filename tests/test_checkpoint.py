@@ -39,7 +39,8 @@ def test_same_seed_same_parameters_and_other_seed_differs(tiny):
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
 def test_save_load_continues_exactly(tiny, tmp_path, env):
-    config = tiny(env=env, normalize_obs=True, lr_schedule="linear")
+    # normalize_rewards: the runners' discounted returns, mid-episode, and the learner's statistics
+    config = tiny(env=env, normalize_obs=True, lr_schedule="linear", normalize_rewards=env == "Pendulum-v1")
     uninterrupted = train_iterations(config, 6)
     with shoal.make(config) as algo:
         for _ in range(3):
@@ -55,6 +56,8 @@ def test_save_load_continues_exactly(tiny, tmp_path, env):
             algo.train()
         resumed = algo.backend.get(algo.learner.call("get_state"))
     assert_same_weights(uninterrupted["weights"], resumed["weights"])
+    if config.normalize_rewards:
+        assert uninterrupted["return_norm"]["var"] == resumed["return_norm"]["var"]
     for group_a, group_b in zip(uninterrupted["extra"]["state"].values(), resumed["extra"]["state"].values()):
         torch.testing.assert_close(group_a["exp_avg_sq"], group_b["exp_avg_sq"], rtol=0, atol=0)
 
