@@ -127,6 +127,8 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
+        _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
+               "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         _check(self.address is None or self.backend == "ray",

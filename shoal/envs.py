@@ -125,7 +125,7 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
     try:
         # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
         # even as None, and a custom env's __init__ need not take it.
-        return _made(env_id, **(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode}))
+        return _made(env_id, **{**(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode})})
     except gym.error.DependencyNotInstalled as e:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
     except ShoalError:

@@ -209,6 +209,7 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "is_slipery=false"],
      "environment 'FrozenLake-v1' could not be made with env_kwargs {'is_slipery': False}: TypeError: "),
     (["train", "ppo", "--env-kwargs", "is_slippery"], "--env-kwargs expects key=value, got 'is_slippery'"),
+    (["train", "ppo", "--env-kwargs", "render_mode=human"], "env_kwargs cannot set render_mode"),
     (["train", "ppo", "--set", "env_kwargs=3"], "env_kwargs expects a mapping of names to values"),
     (["train", "td3", "--env", "CartPole-v1"], "td3 needs continuous (Box) actions; use dqn, sac or ppo"),
     (["train", "dqn", "--env", "Pendulum-v1"], "dqn needs discrete actions; use sac, td3 or ddpg"),
