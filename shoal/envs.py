@@ -135,16 +135,6 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
         raise ShoalError(f"environment {env_id!r} could not be made{given}: {error_line(e)}") from e
 
 
-def raw_observation_space(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Space:
-    """The observation space ``env_id`` itself gives, before shoal flattens it."""
-    check_env_id(env_id)
-    env = gym.make(env_id, **(kwargs or {}))
-    try:
-        return env.observation_space
-    finally:
-        env.close()
-
-
 REMOTE_KWARGS = ("env_kwargs apply to envs made in this process; an env server makes its own: give them to "
                  "`shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
 

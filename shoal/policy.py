@@ -482,7 +482,7 @@ class Policy:
         (FrozenLake's Discrete, Blackjack's Tuple): :meth:`act` takes those too. None for any
         other env, or where the env is not installed (the policy then takes flat vectors only).
         The checkpoint's record, when it has one; else the env is made here once to find out."""
-        from shoal.envs import FLATTENED, is_remote, raw_observation_space
+        from shoal.envs import all_spaces, is_remote
 
         if self.saved_env_observation_space is not None:
             return self.saved_env_observation_space
@@ -491,21 +491,19 @@ class Policy:
             self._env_space = None
             if env is not None and not is_remote(env) and not self.module.image:
                 try:
-                    raw = raw_observation_space(env, getattr(self.config, "env_kwargs", None))
+                    self._env_space = all_spaces(env, getattr(self.config, "env_kwargs", None))[2]
                 except Exception:  # the env (or a package it needs) is not installed where the policy is deployed
-                    raw = None
-                self._env_space = raw if isinstance(raw, FLATTENED) else None
+                    pass
         return self._env_space
 
-    def flat_observations(self, obs: Any, make_env: bool = True) -> Any:
+    def flat_observations(self, obs: Any) -> Any:
         """``obs`` as the network's flat vector(s) when it holds the env's own observation(s) (see
-        :attr:`env_observation_space`); anything else unchanged, for the caller's shape check.
-        ``make_env=False`` uses the checkpoint's record of the env's space only (a server)."""
+        :attr:`env_observation_space`); anything else unchanged, for the caller's shape check."""
         shape = self.observation_space.shape
         integers = isinstance(obs, (int, np.integer, np.ndarray, list)) and _dtype_kind(obs) in "iu"
         if np.shape(obs)[-len(shape):] == shape and not isinstance(obs, (dict, tuple)) and not integers:
             return obs
-        raw = self.env_observation_space if make_env else self.saved_env_observation_space
+        raw = self.env_observation_space
         if raw is None:
             return obs
         if integers and isinstance(raw, ONE_HOT_SPACES):

@@ -32,7 +32,7 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.batching import batched
 from shoal.errors import ShoalError
-from shoal.policy import ONE_HOT_SPACES, Policy, set_weights
+from shoal.policy import ONE_HOT_SPACES, Policy, one_hot, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import ServerError, client_token, open_channel
 from shoal.remote.server import DEFAULT_MAX_MESSAGE_BYTES, Abort, AioGrpcServer, log
@@ -186,7 +186,7 @@ class PolicyServer:
                 raise WireError(f"{obs.size} integers of {own} one-hot into {numbers} numbers, more than the "
                                 f"{self.max_obs_numbers} of a message at the size limit: send fewer per request")
             try:
-                obs = np.asarray(policy.flat_observations(obs, make_env=False))
+                obs = np.asarray(one_hot(own, obs, shape))
             except ShoalError as e:
                 raise WireError(str(e)) from None
         single = obs.shape == shape  # one observation: one action back, as policy.act does
