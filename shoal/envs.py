@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+import shoal.pomdp  # noqa: F401  (registers CartPoleNoVel-v1 and the other velocity-free envs)
 from shoal.errors import ShoalError
 
 

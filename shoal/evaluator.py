@@ -33,6 +33,7 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
     for first in range(0, episodes, copies):
         wanted = min(copies, episodes - first)
         obs, _ = env.reset(seed=seed + first)
+        module.reset_memory(copies)
         running = np.arange(copies) < wanted
         ret, length = returns[first: first + wanted], lengths[first: first + wanted]  # views
         for _ in range(max_steps):
@@ -78,6 +79,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
+        module.reset_memory(1)
         frames, done = [env.render()], False
         while not done and len(frames) <= max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)

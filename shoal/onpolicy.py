@@ -54,10 +54,18 @@ class OnPolicyConfig(Config):
     reports stay the env's own."""
     log_std_init: float = 0.0
     """Initial log standard deviation of continuous actions."""
+    lstm_size: int = 0
+    """Units of an LSTM between the encoder and the actor and critic MLPs, which then remember
+    across an episode's steps (0: a feed-forward policy). ppo and a2c; each env's rollout trains
+    as one sequence, so a minibatch is minibatch_size // rollout_steps envs' rollouts."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.rollout_steps >= 1, "rollout_steps must be at least 1")
+        _check(self.lstm_size >= 0, "lstm_size must be 0 (no LSTM) or a number of units")
+        _check(not (self.lstm_size and self.inference == "central"),
+               "--inference central cannot serve a recurrent policy (lstm_size): each env's memory lives "
+               "with the runner's policy copy")
         _check(self.lr > 0, "lr must be positive")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
@@ -78,7 +86,49 @@ def make_actor_critic(config: OnPolicyConfig, obs_space, action_space, images: b
     """The actor-critic network every on-policy algorithm trains; ``images=False`` for an
     algorithm that takes vector observations only."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
-                       config.normalize_obs, config.log_std_init, images=images)
+                       config.normalize_obs, config.log_std_init, images=images, lstm_size=config.lstm_size)
+
+
+def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,
+                     last_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Lay B envs' T-step sequences (step (t, b) is row t * B + b; ``done`` [T, B] where an
+    episode ended) out as the episode segments a recurrent network steps through: [L, S] rows,
+    -1 past a segment's end, and for each segment the env whose memory at step 0 it starts from
+    (-1: a new episode's zero memory). ``final_rows`` [T, B] (-1 where none) puts the row of an
+    episode's final observation right after its last step, and ``last_rows`` [B] the row of each
+    env's observation after the last step at the end of its sequence (alone, after a done)."""
+    T, B = done.shape
+    segments, first = [], []
+    for b in range(B):
+        start = 0
+        for t in np.flatnonzero(done[:, b]):
+            rows = np.arange(start, t + 1) * B + b
+            segments.append(rows if final_rows is None else np.append(rows, final_rows[t, b]))
+            first.append(b if start == 0 else -1)
+            start = t + 1
+        rows = np.arange(start, T) * B + b
+        if last_rows is not None:
+            rows = np.append(rows, last_rows[b])
+        if len(rows):
+            segments.append(rows)
+            first.append(b if start == 0 else -1)
+    out = np.full((max(map(len, segments)), len(segments)), -1)
+    for s, rows in enumerate(segments):
+        out[: len(rows), s] = rows
+    return out, np.asarray(first)
+
+
+def segment_memory(memory: tuple[Tensor, Tensor], first: np.ndarray) -> tuple[Tensor, Tensor]:
+    """Each segment's starting memory [S, width]: its env's (``first``), or zeros (-1)."""
+    keep = torch.as_tensor(first >= 0, dtype=memory[0].dtype)[:, None]
+    rows = torch.as_tensor(np.maximum(first, 0))
+    return memory[0][rows] * keep, memory[1][rows] * keep
+
+
+def feed_forward_only(config: OnPolicyConfig) -> None:
+    """Refuse ``lstm_size`` for an algorithm that trains feed-forward policies only."""
+    _check(config.lstm_size == 0, f"{config.algo} trains feed-forward policies only: recurrent ones "
+           "(lstm_size) train with ppo or a2c")
 
 
 class OnPolicyLearner(Learner):
@@ -149,12 +199,37 @@ class OnPolicyLearner(Learner):
             [r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2))
         last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]))
         final_obs = torch.as_tensor(np.concatenate([r.final_obs for r in rollouts]))
-        with torch.no_grad():  # one forward for every value the estimators need
-            v = m.value(torch.cat([obs.reshape(T * B, *obs.shape[2:]), last_obs, final_obs]))
-        values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
+        done = terminated | truncated
+        seq = {}
+        if m.recurrent:
+            values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, done, last_obs, final_obs,
+                                                                         final_idx)
+        else:
+            with torch.no_grad():  # one forward for every value the estimators need
+                v = m.value(torch.cat([obs.reshape(T * B, *obs.shape[2:]), last_obs, final_obs]))
+            values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
         return {"obs": obs, "actions": actions, "logp": logp, "rewards": rewards, "values": values,
                 "next_values": next_values(values, last_value, final_value, final_idx, terminated, truncated),
-                "done": terminated | truncated}
+                "done": done, **seq}
+
+    @torch.no_grad()
+    def recurrent_values(self, rollouts: list[Rollout], obs: Tensor, done: Tensor, last_obs: Tensor,
+                         final_obs: Tensor, final_idx: Tensor) -> tuple[Tensor, Tensor, Tensor, dict[str, Any]]:
+        """A recurrent critic's V(s_t) [T, B], its values of the last observations [B] and of
+        episodes' final observations [K], each seen with the memory of the steps before it (one
+        pass: a final observation follows its episode's last step, a last one its env's
+        sequence); and what minibatches replay: the memory (h, c) [B, 2 * lstm_size] each env's
+        sequence began with."""
+        m = self.policy
+        T, B = done.shape
+        K = len(final_idx)
+        memory = tuple(torch.as_tensor(np.concatenate([r.memory[i] for r in rollouts])) for i in (0, 1))
+        final_rows = np.full((T, B), -1)
+        final_rows[final_idx[:, 0].numpy(), final_idx[:, 1].numpy()] = T * B + np.arange(K)
+        segments, first = episode_segments(done.numpy(), final_rows, T * B + K + np.arange(B))
+        f = m.encoder(torch.cat([obs.reshape(T * B, *obs.shape[2:]), final_obs, last_obs]))
+        v = m.critic_value(m.unroll(f, segments, segment_memory(memory, first)))
+        return v[: T * B].reshape(T, B), v[T * B + K:], v[T * B: T * B + K], {"memory": memory}
 
     def gae_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """Flattened [N] samples with GAE advantages and returns."""
@@ -163,8 +238,37 @@ class OnPolicyLearner(Learner):
         adv, ret = gae(s["rewards"], s["values"], s["next_values"], s["done"], c.gamma, c.gae_lambda)
         T, B = adv.shape
         flat = lambda x: x.reshape(T * B, *x.shape[2:])
+        seq = {"done": s["done"], "memory": s["memory"]} if "memory" in s else {}
         return {"obs": flat(s["obs"]), "actions": flat(s["actions"]), "logp": flat(s["logp"]),
-                "adv": flat(adv), "ret": flat(ret), "values": flat(s["values"])}
+                "adv": flat(adv), "ret": flat(ret), "values": flat(s["values"]), **seq}
+
+    def minibatches(self, batch: dict[str, Tensor], size: int) -> list[Tensor]:
+        """One epoch's minibatches of a :meth:`gae_batch`, in a fresh random order, as indices of
+        its flat [T * B] samples: ``size`` samples each; for a recurrent policy, whole sequences
+        (each env's T steps; size // T envs, at least one), time-major, for :meth:`evaluate`."""
+        if "memory" not in batch:
+            perm = torch.as_tensor(self.rng.permutation(len(batch["adv"])))
+            return [perm[start: start + size] for start in range(0, len(perm), size)]
+        T, B = batch["done"].shape
+        envs, k = torch.as_tensor(self.rng.permutation(B)), max(1, size // T)
+        steps = torch.arange(T)[:, None] * B
+        return [(steps + envs[start: start + k]).reshape(-1) for start in range(0, B, k)]
+
+    def evaluate(self, batch: dict[str, Tensor], idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Log-probabilities, entropies and values [N] of the current network for the samples
+        ``idx`` of a :meth:`gae_batch` (all of them for None); a recurrent network replays the
+        sequences of :meth:`minibatches`' envs from their first memory."""
+        m = self.policy
+        if idx is None:
+            idx = torch.arange(len(batch["adv"]))
+        if "memory" not in batch:
+            return m.evaluate(batch["obs"][idx], batch["actions"][idx])
+        T = len(batch["done"])
+        envs = idx[: len(idx) // T]  # the first step's indices are the envs
+        segments, first = episode_segments(batch["done"][:, envs].numpy())
+        memory = tuple(x[envs] for x in batch["memory"])
+        h = m.unroll(m.encoder(batch["obs"][idx]), segments, segment_memory(memory, first))
+        return m.heads(h, batch["actions"][idx])
 
     def merge_obs_stats(self, rollouts: list[Rollout]) -> None:
         """Merge the runners' raw-observation statistics into the normaliser, in runner order."""
@@ -197,6 +301,7 @@ class AsyncConfig(OnPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        feed_forward_only(self)
         _check(self.vtrace_rho_bar > 0 and self.vtrace_c_bar > 0, "vtrace_rho_bar and vtrace_c_bar must be positive")
         _check(self.max_policy_lag is None or self.max_policy_lag >= 0, "max_policy_lag must be >= 0 or None")
         _check(self.num_epochs >= 1, "num_epochs must be at least 1")

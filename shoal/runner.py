@@ -38,6 +38,7 @@ class Rollout:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     return_moments: Moments | None = None  # of the discounted returns so far, each step (normalize_rewards)
+    memory: tuple[np.ndarray, np.ndarray] | None = None  # recurrent policies: (h, c) [B, lstm_size] at step 0
 
     @property
     def env_steps(self) -> int:
@@ -76,6 +77,7 @@ class EnvRunner:
         self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs)
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
+        self.policy.reset_memory(self.env.num_envs)
         self.version = -1
         # Distinct streams per runner, fixed per seed; a restarted runner (incarnation > 0) draws
         # new ones, so an env that failed deterministically does not fail the same way again.
@@ -126,6 +128,7 @@ class EnvRunner:
         lengths: list[int] = []
         floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
         discounted = np.empty((num_steps, B)) if self.discounted is not None else None
+        memory = tuple(x.numpy().copy() for x in m.memory) if m.recurrent else None
         for t in range(num_steps):
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
@@ -149,6 +152,7 @@ class EnvRunner:
             self.ep_return += r
             self.ep_length += 1
             done = term | trunc
+            m.forget(done)  # a recurrent policy starts the next episodes with an empty memory
             if discounted is not None:
                 self.discounted = self.discounted * self.config.gamma + r
                 discounted[t] = self.discounted
@@ -185,6 +189,7 @@ class EnvRunner:
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths,
             return_moments=Moments.of(discounted.reshape(-1)) if discounted is not None else None,
+            memory=memory,
         )
 
     def _non_finite(self, rewards: np.ndarray, obs: np.ndarray, envs: list[int] | None = None) -> None:
@@ -266,6 +271,7 @@ class EnvRunner:
             "ep_return": self.ep_return, "ep_length": self.ep_length,
             "nstep": None if self.nstep is None else self.nstep.get_state(),
             "dropped_episodes": self.dropped_episodes, "discounted": self.discounted,
+            "memory": getattr(self.policy, "memory", None),
         })
 
     def set_state(self, state: bytes) -> None:
@@ -278,6 +284,8 @@ class EnvRunner:
         self.dropped_episodes = s.get("dropped_episodes", 0)
         if self.discounted is not None and s.get("discounted") is not None:
             self.discounted = s["discounted"]
+        if self.policy.recurrent and s.get("memory") is not None:
+            self.policy.memory = s["memory"]
         if self.nstep is not None and s.get("nstep") is not None:
             self.nstep.set_state(s["nstep"])
         self.version = -1  # pull the restored weights on the next sample

@@ -60,7 +60,7 @@ class A2CLearner(OnPolicyLearner):
         adv = b["adv"]
         if c.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        logp, entropy, value = m.evaluate(b["obs"], b["actions"])
+        logp, entropy, value = self.evaluate(b)
         pg = -(adv * logp).mean()
         vl = 0.5 * (value - b["ret"]).pow(2).mean()
         entropy = entropy.mean()

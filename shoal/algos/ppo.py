@@ -77,17 +77,13 @@ class PPOLearner(OnPolicyLearner):
         lr = self.scheduled_lr(self.optimizer)
         clip = c.clip * (self.remaining() if c.clip_schedule == "linear" else 1.0)
         batch = self.gae_batch(rollouts)
-        n = len(batch["adv"])
         stats = []  # per minibatch: policy loss, value loss, entropy, approx KL, clip fraction
         for _ in range(c.num_epochs):
-            perm = torch.as_tensor(self.rng.permutation(n))
-            for start in range(0, n, c.minibatch_size):
-                idx = perm[start: start + c.minibatch_size]
+            for idx in self.minibatches(batch, c.minibatch_size):
                 adv = batch["adv"][idx]
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                obs = batch["obs"][idx]
-                logp, entropy, value = m.evaluate(obs, batch["actions"][idx])
+                logp, entropy, value = self.evaluate(batch, idx)
                 entropy = entropy.mean()
                 pg = clipped_surrogate(logp, batch["logp"][idx], adv, clip)
                 vl = value_loss(value, batch["values"][idx], batch["ret"][idx], c.vf_clip)

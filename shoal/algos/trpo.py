@@ -20,7 +20,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.learner import clip_grad_norm
-from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
+from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, feed_forward_only, make_actor_critic
 from shoal.policy import ActorCritic
 from shoal.runner import Rollout
 
@@ -53,6 +53,7 @@ class TRPOConfig(OnPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        feed_forward_only(self)
         _check(self.max_kl > 0, "max_kl must be positive")
         _check(self.cg_iters >= 1, "cg_iters must be at least 1")
         _check(self.cg_damping >= 0, "cg_damping must be non-negative")

@@ -55,6 +55,12 @@ class PolicyServer:
             raise ShoalError("name at least one run directory or checkpoint to serve")
         self.sources = {pid: Path(p) for pid, p in sources.items()}
         self.policies: dict[str, Policy] = {pid: _first_policy(p, follow) for pid, p in self.sources.items()}
+        for pid, policy in self.policies.items():
+            if policy.module.recurrent:
+                raise ShoalError(f"policy {pid} ({self.sources[pid]}) is recurrent (lstm_size "
+                                 f"{policy.config.lstm_size}), and the policy server answers each observation "
+                                 "on its own, with no memory of a client's episode: deploy it in Python with "
+                                 "shoal.load_policy, whose act() remembers")
         self.stores: dict[str, Any] = {}  # policy id -> the WeightStore actor of its running trainer
         self.unreachable: dict[str, int] = {}  # policy id -> mtime of a live.json that led nowhere
         self.default = next(iter(self.policies))
