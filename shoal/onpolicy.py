@@ -259,10 +259,11 @@ class OnPolicyLearner(Learner):
         ``idx`` of a :meth:`gae_batch` (all of them for None); a recurrent network replays the
         sequences of :meth:`minibatches`' envs from their first memory."""
         m = self.policy
+        if "memory" not in batch:
+            return m.evaluate(*((batch["obs"], batch["actions"]) if idx is None else
+                                (batch["obs"][idx], batch["actions"][idx])))
         if idx is None:
             idx = torch.arange(len(batch["adv"]))
-        if "memory" not in batch:
-            return m.evaluate(batch["obs"][idx], batch["actions"][idx])
         T = len(batch["done"])
         envs = idx[: len(idx) // T]  # the first step's indices are the envs
         segments, first = episode_segments(batch["done"][:, envs].numpy())
