@@ -30,13 +30,13 @@ def sac_config(**kw):
                      num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "ppo-lstm", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
-    """Switching --backend must change where the algorithm runs, never what it computes."""
+    """Switching --backend must change where the algorithm runs, never what it computes (PPO's
+    policy recurrent, so the runners' memories travel with their rollouts too)."""
     results = {}
     for backend in ("local", "ray"):
-        config = (tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11,
-                       lstm_size=8 if algo == "ppo-lstm" else 0) if algo.startswith("ppo")
+        config = (tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11, lstm_size=8) if algo == "ppo"
                   else sac_config(backend=backend, num_env_runners=2, seed=11))
         with shoal.make(config) as algo_:
             for _ in range(4):
