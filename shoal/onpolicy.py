@@ -340,13 +340,10 @@ class VTraceLearner(OnPolicyLearner):
         c, m = self.config, self.policy
         lr = self.scheduled_lr(self.optimizer)
         b = self.vtrace_batch(rollouts)
-        n = len(b["adv"])
-        size = c.minibatch_size or n
+        size = c.minibatch_size or len(b["adv"])
         stats = []  # per step: policy loss, value loss, entropy
         for _ in range(c.num_epochs):
-            perm = torch.as_tensor(self.rng.permutation(n))
-            for start in range(0, n, size):
-                idx = perm[start: start + size]
+            for idx in self.minibatches(b, size):
                 adv = b["adv"][idx]
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)

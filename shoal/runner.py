@@ -38,7 +38,7 @@ class Rollout:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     return_moments: Moments | None = None  # of the discounted returns so far, each step (normalize_rewards)
-    memory: tuple[np.ndarray, np.ndarray] | None = None  # recurrent policies: (h, c) [B, lstm_size] at step 0
+    memory: tuple[np.ndarray, np.ndarray] | None = None  # recurrent policies: (h, c) [B, 2 * lstm_size] at step 0
 
     @property
     def env_steps(self) -> int:

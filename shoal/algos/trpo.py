@@ -143,12 +143,9 @@ class TRPOLearner(OnPolicyLearner):
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         metrics = self.policy_step(b["obs"], b["actions"], adv)
         lr = self.scheduled_lr(self.optimizer)
-        n = len(adv)
         losses = []
         for _ in range(c.vf_epochs):
-            perm = torch.as_tensor(self.rng.permutation(n))
-            for start in range(0, n, c.vf_minibatch_size):
-                idx = perm[start: start + c.vf_minibatch_size]
+            for idx in self.minibatches(b, c.vf_minibatch_size):
                 loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
