@@ -104,12 +104,13 @@ def shoal_time_to(config, target: float, check_episodes: int = 0) -> Reached:
 
 
 def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int,
-                check_episodes: int = 0) -> Reached:
+                check_episodes: int = 0, eval_callback=None) -> Reached:
     """Train the stable-baselines3 model ``build()`` makes for up to ``budget`` env steps, with the
     evaluation shoal's runs make (every ``eval_every`` steps, 10 deterministic episodes on a 10-env
     vector env), stopping at the first evaluation that reaches ``target``. Time runs from building
     the model (and its evaluation env) to the end of each evaluation. Then, untimed, the final
-    policy plays ``check_episodes``."""
+    policy plays ``check_episodes``. ``eval_callback``: the evaluation's callback class (default
+    EvalCallback; sb3-contrib's MaskableEvalCallback for masked models)."""
     from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.env_util import make_vec_env
@@ -123,7 +124,7 @@ def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, b
 
     start = time.perf_counter()
     eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
-    callback = EvalCallback(eval_env, callback_after_eval=RecordAndStop(), eval_freq=eval_every, n_eval_episodes=10,
+    callback = (eval_callback or EvalCallback)(eval_env, callback_after_eval=RecordAndStop(), eval_freq=eval_every, n_eval_episodes=10,
                             deterministic=True, verbose=0)
     model = build()
     model.learn(budget, callback=callback)

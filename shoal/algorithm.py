@@ -22,7 +22,7 @@ from shoal.envs import all_spaces, describe_space, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
-from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, set_up_torch, set_weights
+from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, UnsupportedMasks, set_up_torch, set_weights
 from shoal.runner import EnvRunner
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
@@ -48,6 +48,9 @@ class Algorithm:
             self.spec.make_policy(config, self.obs_space, self.action_space)
         except UnsupportedActions as e:
             raise ShoalError(f"{self.spec.name} does not support action space {e.space}: {e.hint}") from None
+        except UnsupportedMasks:
+            raise ShoalError(f"{self.spec.name} does not take action masks, which {config.env} gives: ppo, a2c, "
+                             "trpo, impala, appo and dqn do") from None
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
         if config.inference == "central" and self.apex:

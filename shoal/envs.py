@@ -186,11 +186,126 @@ def _made(env_id: str, **kwargs: Any) -> gym.Env:
         from minigrid.wrappers import ImgObsWrapper
 
         return ImgObsWrapper(env)
+    if gives_action_mask(env):
+        return ActionMaskObservation(env, env_id)
     if isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
         env = DtypeObservation(FlattenObservation(env), np.float32)
     return env
+
+
+class MaskedBox(gym.spaces.Box):
+    """The flat float32 observations of an env that says which actions are legal: the
+    observation's own entries, then ``mask_dim`` entries of its action mask (1: legal, 0: not),
+    one per action of a Discrete space, one per value of each element of a MultiDiscrete one.
+    Policies read the mask from the last entries (:attr:`shoal.policy.PolicyModule.mask_dim`);
+    rollouts, replay, env servers and checkpoints carry it as part of the observation."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, mask_dim: int, seed: Any = None):
+        super().__init__(low, high, dtype=np.float32, seed=seed)
+        self.mask_dim = int(mask_dim)
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and getattr(other, "mask_dim", 0) == self.mask_dim
+
+    __hash__ = None  # type: ignore[assignment]  (as Box: equal spaces need not hash alike)
+
+    def __repr__(self) -> str:
+        return f"MaskedBox({self.shape[0] - self.mask_dim} observation entries, {self.mask_dim} action mask entries)"
+
+
+def action_choices(space: gym.Space) -> int | None:
+    """The entries of an action mask for ``space``: a Discrete's actions, a MultiDiscrete's values
+    summed over its elements, 2 per element of a MultiBinary; None for continuous actions."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    if isinstance(space, gym.spaces.MultiBinary):
+        return 2 * int(np.prod(space.shape))
+    return None
+
+
+def gives_action_mask(env: gym.Env) -> bool:
+    """Whether ``env`` says which actions are legal, in one of the two forms in use: a Dict
+    observation with an ``action_mask`` entry (RLlib's and PettingZoo's convention), or an
+    ``action_masks()`` method (sb3-contrib's MaskablePPO and its ActionMasker wrapper)."""
+    space = env.observation_space
+    return (isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces) or env.has_wrapper_attr(
+        "action_masks")
+
+
+class ActionMaskObservation(gym.ObservationWrapper):
+    """An env's observations with its action mask as one flat float32 vector (a
+    :class:`MaskedBox`): the observation flattened (a Dict's other entries, or its only other
+    one; a discrete part one-hot), then the mask, from the observation's ``action_mask`` entry or
+    the env's ``action_masks()`` after each reset and step."""
+
+    def __init__(self, env: gym.Env, env_id: str = ""):
+        super().__init__(env)
+        space = env.observation_space
+        name = f"environment {env_id!r}" if env_id else "the environment"
+        choices = action_choices(env.action_space)
+        if choices is None:
+            raise ShoalError(f"{name} gives an action mask, but its actions are continuous ({env.action_space}): "
+                             "masks apply to Discrete, MultiDiscrete and MultiBinary actions")
+        self.from_dict = isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces
+        if self.from_dict:
+            mask_space = space["action_mask"]
+            if len(space.spaces) == 1:
+                raise ShoalError(f"{name}'s observations hold only an action mask: they need an observation too")
+            self.rest_space = mask_layout(space)
+            if not isinstance(mask_space, (gym.spaces.MultiBinary, gym.spaces.Box)):
+                raise ShoalError(f"{name}'s action_mask is a {mask_space}: it must be a MultiBinary or a Box of "
+                                 "0s and 1s, one per action")
+            width = int(np.prod(mask_space.shape))
+        else:
+            self.rest_space = space
+            width = choices  # action_masks() may need a reset first: its masks are checked as they come
+        self.name = name
+        if width != choices:
+            per = "action" if isinstance(env.action_space, gym.spaces.Discrete) else "value of each element"
+            raise ShoalError(f"{name}'s action mask has {width} entries, where its action space {env.action_space} "
+                             f"needs {choices} (one per {per})")
+        r = self.rest_space
+        if isinstance(r, gym.spaces.Box) and r.dtype == np.uint8 and len(r.shape) in (2, 3):  # policy.is_image
+            raise ShoalError(f"{name} gives an action mask with image observations ({self.rest_space}): masked "
+                             "policies take vector observations")
+        flat = gym.spaces.flatten_space(self.rest_space)
+        self.observation_space = MaskedBox(np.concatenate([flat.low.reshape(-1), np.zeros(width)]).astype(np.float32),
+                                           np.concatenate([flat.high.reshape(-1), np.ones(width)]).astype(np.float32),
+                                           width)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        if self.from_dict:
+            return flatten_masked(self.env.observation_space, observation)
+        mask = np.asarray(self.env.get_wrapper_attr("action_masks")())
+        if mask.size != self.observation_space.mask_dim:
+            raise ShoalError(f"{self.name}'s action_masks() gave {mask.size} entries, where its action space "
+                             f"{self.env.action_space} needs {self.observation_space.mask_dim}")
+        return masked_observation(self.rest_space, observation, mask)
+
+
+def mask_layout(space: gym.spaces.Dict) -> gym.Space:
+    """What a Dict observation space holds besides its ``action_mask``: its only other entry's
+    space, or a Dict of the others."""
+    rest = {k: s for k, s in space.spaces.items() if k != "action_mask"}
+    return next(iter(rest.values())) if len(rest) == 1 else gym.spaces.Dict(rest)
+
+
+def flatten_masked(space: gym.spaces.Dict, obs: dict[str, Any]) -> np.ndarray:
+    """One observation of a Dict ``space`` with an ``action_mask`` entry as the flat vector of a
+    :class:`MaskedBox` (what :class:`ActionMaskObservation` makes of it)."""
+    rest = [k for k in space.spaces if k != "action_mask"]
+    return masked_observation(mask_layout(space), obs[rest[0]] if len(rest) == 1 else {k: obs[k] for k in rest},
+                              obs["action_mask"])
+
+
+def masked_observation(space: gym.Space, obs: Any, mask: Any) -> np.ndarray:
+    """One observation of ``space`` and its action mask as the flat vector of a :class:`MaskedBox`."""
+    return np.concatenate([np.asarray(gym.spaces.flatten(space, obs), np.float32).reshape(-1),
+                           np.asarray(mask, np.float32).reshape(-1)])
 
 
 def file_name(env_id: str) -> str:
@@ -342,7 +457,7 @@ def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.S
     try:
         own, inner = None, env
         while isinstance(inner, gym.Wrapper):
-            if isinstance(inner, gym.wrappers.FlattenObservation):
+            if own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation)):
                 own = inner.env.observation_space
             inner = inner.env
         return env.observation_space, env.action_space, own
@@ -360,11 +475,12 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "multi_binary", "n": list(space.shape)}
     if isinstance(space, gym.spaces.Box):
+        mask = {"mask_dim": space.mask_dim} if isinstance(space, MaskedBox) else {}
         # Bounds equal everywhere (images' 0 and 255) are kept as one number: an Atari frame stack
         # would otherwise write 56,448 of them.
         bound = lambda a: a.flat[0].item() if a.size and np.all(a == a.flat[0]) else a.tolist()
         return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": bound(space.low), "high": bound(space.high)}
+                "low": bound(space.low), "high": bound(space.high), **mask}
     raise ShoalError(f"unsupported space {space}: shoal handles Box, Discrete, MultiDiscrete and MultiBinary spaces")
 
 
@@ -378,6 +494,9 @@ def space_from_description(desc: dict[str, Any]) -> gym.Space:
         return gym.spaces.MultiBinary(desc["n"][0] if len(desc["n"]) == 1 else desc["n"])
     if desc["type"] == "box":
         dtype, shape = np.dtype(desc["dtype"]), tuple(desc["shape"])
+        if desc.get("mask_dim"):
+            return MaskedBox(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
+                             np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["mask_dim"])
         return gym.spaces.Box(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
                               np.broadcast_to(np.asarray(desc["high"], dtype), shape), shape=shape, dtype=dtype)
     raise ShoalError(f"unknown space type {desc.get('type')!r}")

@@ -268,8 +268,9 @@ class OnPolicyLearner(Learner):
         envs = idx[: len(idx) // T]  # the first step's indices are the envs
         segments, first = episode_segments(batch["done"][:, envs].numpy())
         memory = tuple(x[envs] for x in batch["memory"])
-        h = m.unroll(m.encoder(batch["obs"][idx]), segments, segment_memory(memory, first))
-        return m.heads(h, batch["actions"][idx])
+        obs = batch["obs"][idx]
+        h = m.unroll(m.encoder(obs), segments, segment_memory(memory, first))
+        return m.heads(h, batch["actions"][idx], m.legal(obs))
 
     def merge_obs_stats(self, rollouts: list[Rollout]) -> None:
         """Merge the runners' raw-observation statistics into the normaliser, in runner order."""

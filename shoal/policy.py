@@ -163,6 +163,14 @@ class UnsupportedActions(ShoalError):
         self.space, self.hint = space, hint
 
 
+class UnsupportedMasks(ShoalError):
+    """An env that gives an action mask, for a policy network that cannot take one."""
+
+    def __init__(self) -> None:
+        super().__init__("this algorithm does not take action masks (the env gives one): ppo, a2c, trpo, impala, "
+                         "appo and dqn do")
+
+
 class PolicyModule(nn.Module):
     """What runners, evaluators and deployment need of any policy network.
 
@@ -177,6 +185,10 @@ class PolicyModule(nn.Module):
 
     multi_discrete = False
     """Whether this policy takes MultiDiscrete and MultiBinary action spaces (see ``nvec``)."""
+
+    masks = False
+    """Whether this policy takes action masks: observations of a :class:`shoal.envs.MaskedBox`,
+    whose last ``mask_dim`` entries say which actions are legal (see :meth:`legal`)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
                  images: bool = False):
@@ -220,15 +232,35 @@ class PolicyModule(nn.Module):
             self.encoder = ConvEncoder(self.input_shape)
             self.feature_dim = self.encoder.out_dim
         self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
+        self.mask_dim = int(getattr(obs_space, "mask_dim", 0))
+        if self.mask_dim:
+            if not self.masks:
+                raise UnsupportedMasks()
+            if self.mask_dim != self.action_dim or not (self.discrete or self.nvec is not None):
+                raise ShoalError(f"an action mask of {self.mask_dim} entries does not fit the action space "
+                                 f"{action_space}")
 
     def normalize(self, obs: Tensor) -> Tensor:
-        """Raw observations [N, *obs_shape] -> network input [N, *input_shape]."""
+        """Raw observations [N, *obs_shape] -> network input [N, *input_shape]. An action mask
+        stays as it is (0 or 1), after the normalised observation."""
         if self.image:
             if self.channels_last:
                 obs = obs.permute(0, 3, 1, 2)
             return obs.reshape(obs.shape[0], *self.input_shape).to(torch.uint8).contiguous()
         obs = obs.reshape(obs.shape[0], -1).float()
-        return self.obs_norm(obs) if self.obs_norm is not None else obs
+        if self.obs_norm is None:
+            return obs
+        x = self.obs_norm(obs)
+        return torch.cat([x[:, :-self.mask_dim], obs[:, -self.mask_dim:]], 1) if self.mask_dim else x
+
+    def legal(self, x: Tensor) -> Tensor | None:
+        """The legal actions [N, action_dim] (bool) of network inputs ``x``: the mask in their
+        last entries; every action for a row whose mask allows none (the final state of an episode
+        may, and no arithmetic should meet a row that is all -inf). None without a mask."""
+        if not self.mask_dim:
+            return None
+        legal = x[:, -self.mask_dim:] > 0.5
+        return legal | ~legal.any(-1, keepdim=True)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Behaviour actions [N, ...] for network inputs ``x`` and their log-probabilities [N]
@@ -291,6 +323,7 @@ class ActorCritic(PolicyModule):
     """
 
     multi_discrete = True
+    masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
@@ -376,38 +409,45 @@ class ActorCritic(PolicyModule):
         """State values [...] from the heads' inputs ``h`` [..., width]."""
         return self.critic(self._split(h)[1]).squeeze(-1)
 
-    def heads(self, h: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def heads(self, h: Tensor, actions: Tensor, legal: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``, and the state value [N], from the
-        heads' inputs ``h`` [N, ...] (:meth:`features`, or :meth:`unroll`'s hidden states)."""
+        heads' inputs ``h`` [N, ...] (:meth:`features`, or :meth:`unroll`'s hidden states) and
+        the legal actions (:meth:`legal` of the inputs; None: all)."""
         a, v = self._split(h)
-        logp, entropy = self._logp_entropy(self.actor(a), actions)
+        logp, entropy = self._logp_entropy(self._logits(self.actor(a), legal), actions)
         return logp, entropy, self.critic(v).squeeze(-1)
 
-    def _per_element(self, out: Tensor) -> Tensor:
-        """A MultiDiscrete policy's actor outputs [N, sum(nvec)] as logits [N, k, max(nvec)]."""
-        logits = out[:, self._slots].view(out.shape[0], *self._padding.shape)
-        return logits.masked_fill(self._padding, torch.finfo(out.dtype).min)
+    def _logits(self, out: Tensor, legal: Tensor | None) -> Tensor:
+        """The actor's outputs [N, action_dim] as logits: of a Discrete space as they are, of a
+        MultiDiscrete one laid out per element [N, k, max(nvec)] (see ``_slots``). Illegal actions
+        (``legal`` [N, action_dim], :meth:`legal`) and the slots past an element's own count get
+        the smallest float: probability 0, and no gradient. A Gaussian's means stay as they are."""
+        lowest = torch.finfo(out.dtype).min
+        if self.nvec is not None:
+            logits = out[:, self._slots].view(out.shape[0], *self._padding.shape)
+            drop = self._padding if legal is None else self._padding | ~legal[:, self._slots].view(logits.shape)
+            return logits.masked_fill(drop, lowest)
+        return out if legal is None else out.masked_fill(~legal, lowest)
 
     def dist(self, x: Tensor) -> Distribution:
         """Action distribution for network inputs ``x`` [N, *input_shape]."""
-        out = self.actor(self._split(self.features(x))[0])
+        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
         if self.nvec is not None:
-            return Independent(Categorical(logits=self._per_element(out), validate_args=False), 1,
-                               validate_args=False)
+            return Independent(Categorical(logits=out, validate_args=False), 1, validate_args=False)
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
         without building a Distribution object."""
-        out = self.actor(self._split(self.features(x))[0])
+        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp(), 1, generator=generator)
             return actions.squeeze(-1), logp_all.gather(-1, actions).squeeze(-1)
         if self.nvec is not None:
-            logp_all = torch.log_softmax(self._per_element(out), dim=-1)
+            logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp().flatten(0, 1), 1, generator=generator).view(len(out), -1)
             return actions, logp_all.gather(-1, actions[..., None]).squeeze(-1).sum(-1)
         std = self.log_std.exp()
@@ -418,20 +458,21 @@ class ActorCritic(PolicyModule):
     def evaluate(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``, and the state value [N]: the
         learners' step, with one pass of a shared encoder (feed-forward policies)."""
-        return self.heads(self.encoder(x), actions)
+        return self.heads(self.encoder(x), actions, self.legal(x))
 
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``."""
-        return self._logp_entropy(self.actor(self.encoder(x)), actions)
+        return self._logp_entropy(self._logits(self.actor(self.encoder(x)), self.legal(x)), actions)
 
     def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """The learner's hot path, written with plain tensor ops (log_softmax and gather), ~10%
-        faster per step than Categorical."""
+        """Log-probability and entropy [N] of ``actions`` under :meth:`_logits`' ``out``. The
+        learner's hot path, written with plain tensor ops (log_softmax and gather), ~10% faster
+        per step than Categorical."""
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             return logp_all.gather(-1, actions.long()[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
         if self.nvec is not None:  # the elements' log-probabilities and entropies add up
-            logp_all = torch.log_softmax(self._per_element(out), dim=-1)
+            logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, actions.long()[..., None]).squeeze(-1).sum(-1)
             return logp, -(logp_all.exp() * logp_all).sum((-2, -1))
         log_std = self.log_std.expand_as(out)
@@ -446,9 +487,9 @@ class ActorCritic(PolicyModule):
         """The most likely action, or a sample (with an explicit generator, so runs are
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
-        out = self.actor(self._split(self.features(x))[0])
+        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
         if self.nvec is not None:
-            logits = self._per_element(out)
+            logits = out
             if deterministic:
                 return logits.argmax(-1)
             return torch.multinomial(torch.softmax(logits, dim=-1).flatten(0, 1), 1,
@@ -544,7 +585,7 @@ class Policy:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool = True,
-            generator: torch.Generator | None = None) -> np.ndarray:
+            generator: torch.Generator | None = None, action_mask: np.ndarray | None = None) -> np.ndarray:
         """Actions for one observation or a batch [N, *obs_shape]. An env whose observations shoal
         flattens (Discrete, Tuple, Dict: FrozenLake's int, Blackjack's tuple) may be given them as
         the env returns them, one or a list. For a Discrete one, integers are states (a batch of 16
@@ -552,10 +593,21 @@ class Policy:
 
         A recurrent policy (``lstm_size``) remembers: each call is the next step of the episodes
         it acts in, one per row. Call :meth:`reset` when episodes start (a call with another
-        number of rows starts them all afresh)."""
+        number of rows starts them all afresh).
+
+        A policy trained with an action mask (the env gave one) acts among the legal actions:
+        those the observation's ``action_mask`` entry allows (a Dict observation as the env
+        returns it), or ``action_mask`` [N, actions] or [actions] (1 legal, 0 not; as
+        sb3-contrib's ``predict(obs, action_masks=...)``), given with the observation alone or
+        with the flat vector runners see (the observation, then the mask; ``action_mask`` then
+        replaces its mask). An observation alone without ``action_mask`` allows every action."""
         obs = self.flat_observations(obs)
         shape = self.observation_space.shape
         obs = np.asarray(obs, dtype=self.module.input_dtype)
+        if self.module.mask_dim:
+            obs = self._with_mask(obs, action_mask)
+        elif action_mask is not None:
+            raise ShoalError("this policy takes no action mask: its env gave none when it was trained")
         single = obs.shape == shape
         if not single and obs.shape[1:] != shape:
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape} "
@@ -563,6 +615,24 @@ class Policy:
         batch = torch.as_tensor(obs[None] if single else obs)
         actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
         return actions[0] if single else actions
+
+    def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:
+        """Observations [N, width] or [width] with their mask in the last entries (see :meth:`act`)."""
+        k, width = self.module.mask_dim, self.observation_space.shape[0]
+        alone = obs.shape[-1:] == (width - k,)
+        if action_mask is None:
+            return np.concatenate([obs, np.ones((*obs.shape[:-1], k), obs.dtype)], -1) if alone else obs
+        try:
+            mask = np.broadcast_to(np.asarray(action_mask, obs.dtype), (*obs.shape[:-1], k))
+        except ValueError:
+            raise ShoalError(f"an action_mask of shape {np.shape(action_mask)} for observations of shape {obs.shape}: "
+                             f"this policy takes {k} entries per observation, one per action") from None
+        if alone:
+            return np.concatenate([obs, mask], -1)
+        if obs.shape[-1:] == (width,):
+            obs = obs.copy()
+            obs[..., -k:] = mask
+        return obs
 
     def reset(self, done: np.ndarray | None = None) -> None:
         """Forget a recurrent policy's memory: of every row, or of the rows where ``done`` [N] is
@@ -596,16 +666,21 @@ class Policy:
     def flat_observations(self, obs: Any) -> Any:
         """``obs`` as the network's flat vector(s) when it holds the env's own observation(s) (see
         :attr:`env_observation_space`); anything else unchanged, for the caller's shape check."""
-        shape = self.observation_space.shape
+        shape, k = self.observation_space.shape, self.module.mask_dim
+        own = (shape[0] - k,) if k else shape  # the observation's flat width, without its action mask
         integers = isinstance(obs, (int, np.integer, np.ndarray, list)) and _dtype_kind(obs) in "iu"
-        if np.shape(obs)[-len(shape):] == shape and not isinstance(obs, (dict, tuple)) and not integers:
+        if np.shape(obs)[-len(shape):] in (shape, own) and not isinstance(obs, (dict, tuple)) and not integers:
             return obs
         raw = self.env_observation_space
         if raw is None:
             return obs
         if integers and isinstance(raw, ONE_HOT_SPACES):
-            return one_hot(raw, obs, shape)
+            return one_hot(raw, obs, own)
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
+        if k and isinstance(raw, gym.spaces.Dict) and "action_mask" in raw.spaces:
+            from shoal.envs import flatten_masked
+
+            flat = lambda o: flatten_masked(raw, o)  # noqa: E731
         try:
             if raw.contains(obs):
                 return flat(obs)

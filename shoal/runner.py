@@ -132,6 +132,8 @@ class EnvRunner:
         for t in range(num_steps):
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)
+            if m.mask_dim:
+                self._check_mask(self.obs, m.mask_dim)
             if central:  # one request per step; the server batches it with other runners'
                 xn_np, a_np, logp_np, version = self.inference.resolve(self.inference.call("explore", self.obs))
                 versions.append(version)
@@ -201,6 +203,13 @@ class EnvRunner:
         env = row if envs is None else envs[row]
         raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what} holding NaN or "
                          "inf, which training would spread to every weight of the network")
+
+    def _check_mask(self, obs: np.ndarray, k: int) -> None:
+        """Raise for an env whose action mask allows no action where the policy must choose one."""
+        empty = ~(obs[:, -k:] > 0.5).any(1)
+        if empty.any():
+            raise ShoalError(f"runner {self.runner_id}: env {int(np.flatnonzero(empty)[0])} of {self.config.env} gave "
+                             "an action mask that allows no action, in a state the episode goes on from")
 
     def sample_checked(self, num_steps: int) -> tuple[dict[str, int], Rollout]:
         """:meth:`sample` with this runner's health counters first, for drivers that check it."""

@@ -64,7 +64,12 @@ class QNetwork(PolicyModule):
 
     Image observations go through a convolutional encoder, and the heads are linear on its
     features: with the Nature encoder, the network of Mnih et al. 2015.
+
+    With an action mask, it acts among the legal actions only (greedy and random ones), and the
+    targets are the best legal action's value at the next state.
     """
+
+    masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
                  activation: str, dueling: bool):
@@ -103,12 +108,20 @@ class QNetwork(PolicyModule):
                            discounts: Tensor) -> Tensor:
         """Ape-X actors' priorities: |r + discount * max Q(s') - Q(s, a)| with this copy's network."""
         q = self(obs).gather(-1, actions.long()[:, None]).squeeze(-1)
-        return (rewards + discounts * self(next_obs).max(-1).values - q).abs()
+        return (rewards + discounts * self.legal_q(next_obs).max(-1).values - q).abs()
+
+    def legal_q(self, x: Tensor, q: Tensor | None = None) -> Tensor:
+        """Q-values [N, actions] of network inputs ``x`` (or ``q``, computed for them), the
+        illegal actions' set to the smallest float (never the max): as they are without a mask."""
+        q = self(x) if q is None else q
+        legal = self.legal(x)
+        return q if legal is None else q.masked_fill(~legal, torch.finfo(q.dtype).min)
 
     def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
-        greedy = self(x).argmax(-1)
-        n = x.shape[0]
-        random = torch.randint(0, self.action_dim, (n,), generator=generator)
+        greedy = self.legal_q(x).argmax(-1)
+        n, legal = x.shape[0], self.legal(x)
+        random = (torch.randint(0, self.action_dim, (n,), generator=generator) if legal is None
+                  else torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1))
         explore = torch.rand(n, generator=generator) < epsilon
         return torch.where(explore, random, greedy)
 
@@ -116,7 +129,7 @@ class QNetwork(PolicyModule):
         return self._epsilon_greedy(x, float(self.epsilon), generator), torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self(x).argmax(-1) if deterministic else self._epsilon_greedy(x, float(self.epsilon), generator)
+        return self.legal_q(x).argmax(-1) if deterministic else self._epsilon_greedy(x, float(self.epsilon), generator)
 
 
 def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q_online: Tensor | None) -> Tensor:
@@ -152,8 +165,9 @@ class DQNLearner(OffPolicyLearner):
         c = self.config
         q = self.policy(b.obs).gather(-1, b.actions[:, None]).squeeze(-1)
         with torch.no_grad():
-            target = td_targets(b.rewards, b.discounts, self.target(b.next_obs),
-                                self.policy(b.next_obs) if c.double else None)
+            m = self.policy
+            target = td_targets(b.rewards, b.discounts, m.legal_q(b.next_obs, self.target(b.next_obs)),
+                                m.legal_q(b.next_obs) if c.double else None)
         loss = (b.weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

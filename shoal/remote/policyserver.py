@@ -186,6 +186,10 @@ class PolicyServer:
         obs = decode(req.obs)
         shape = policy.observation_space.shape
         own = policy.saved_env_observation_space  # as the checkpoint recorded it: a server makes no env
+        if own is not None and obs.dtype.kind in "iu" and policy.module.mask_dim:
+            raise WireError(f"this policy's observations end with an action mask of {policy.module.mask_dim} "
+                            f"entries: send flat vectors of {shape[0]} numbers, the observation (one-hot), "
+                            "then the mask")
         if own is not None and obs.dtype.kind in "iu":  # the env's own integers (FrozenLake's states)
             numbers = obs.size * gym.spaces.flatdim(own) // max(1, int(np.prod(own.shape)))
             if numbers > self.max_obs_numbers:  # bound what a small message of integers may become

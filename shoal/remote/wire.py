@@ -60,7 +60,7 @@ def encode_space(space: gym.Space) -> pb.Space:
     """A Gymnasium space as a message."""
     if isinstance(space, gym.spaces.Box):
         return pb.Space(kind="box", shape=space.shape, dtype=space.dtype.name, low=encode(space.low),
-                        high=encode(space.high))
+                        high=encode(space.high), mask_dim=getattr(space, "mask_dim", 0))
     if isinstance(space, gym.spaces.Discrete):
         return pb.Space(kind="discrete", shape=(), dtype=space.dtype.name, n=int(space.n), start=int(space.start))
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -74,7 +74,15 @@ def encode_space(space: gym.Space) -> pb.Space:
 def decode_space(msg: pb.Space) -> gym.Space:
     """The Gymnasium space a message describes."""
     if msg.kind == "box":
-        return gym.spaces.Box(decode(msg.low), decode(msg.high), dtype=DTYPES[msg.dtype])
+        low, high = decode(msg.low), decode(msg.high)
+        if msg.mask_dim:
+            from shoal.envs import MaskedBox
+
+            if DTYPES[msg.dtype] != np.float32 or low.ndim != 1 or not 0 < msg.mask_dim < len(low):
+                raise WireError(f"an action mask of {msg.mask_dim} entries in a {msg.dtype} box of shape {low.shape}: "
+                                "a mask ends a flat float32 box, after one observation entry or more")
+            return MaskedBox(low, high, msg.mask_dim)
+        return gym.spaces.Box(low, high, dtype=DTYPES[msg.dtype])
     if msg.kind == "discrete":
         return gym.spaces.Discrete(msg.n, start=msg.start)
     if msg.kind == "multi_discrete":

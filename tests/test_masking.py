@@ -1,0 +1,372 @@
+"""Action masks: an env that says which actions are legal (a Dict observation's ``action_mask``, or
+an ``action_masks()`` method) gets only legal actions, from runners, learners' targets,
+evaluation, deployment and env servers alike; the learners replay the masked probabilities the
+runners sampled from; Taxi, which unmasked PPO does not learn in 200k steps, is learned."""
+
+from __future__ import annotations
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.algos import get
+from shoal.envs import MaskedBox, describe_space, make_env, space_from_description
+from shoal.errors import ShoalError
+from shoal.policy import ActorCritic
+
+
+class Gates(gym.Env):
+    """Five gates; each step a few are open (the action mask), among them always the one the
+    observation names, which pays 1; another open gate pays 0; a closed one -1 and ends the
+    episode. ``closed_chosen`` counts closed gates chosen, by every instance in this process."""
+
+    closed_chosen = 0
+
+    def __init__(self, masked: bool = True, n: int = 5):
+        self.n, self.masked = n, masked
+        inner = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
+        self.observation_space = gym.spaces.Dict(
+            {"observation": inner, "action_mask": gym.spaces.MultiBinary(n)}) if masked else inner
+        self.action_space = gym.spaces.Discrete(n)
+
+    def _observe(self):
+        self.target = int(self.np_random.integers(self.n))
+        self.open = self.np_random.random(self.n) < 0.3
+        self.open[self.target] = True
+        obs = np.eye(self.n, dtype=np.float32)[self.target]
+        return {"observation": obs, "action_mask": self.open.astype(np.int8)} if self.masked else obs
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self.t += 1
+        if not self.open[int(action)]:
+            Gates.closed_chosen += 1
+            return self._observe(), -1.0, True, False, {}
+        return self._observe(), float(int(action) == self.target), False, self.t >= 10, {}
+
+
+class Dials(gym.Env):
+    """MultiDiscrete([3, 4]) actions; each step some values of each dial are allowed (an
+    ``action_masks()`` method, 7 entries: the first dial's 3, then the second's 4). Choosing a
+    value not allowed counts in ``forbidden``; the reward is the dials' sum."""
+
+    forbidden = 0
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (7,), np.float32)
+        self.action_space = gym.spaces.MultiDiscrete([3, 4])
+
+    def _observe(self):
+        self.allowed = self.np_random.random(7) < 0.4
+        for lo, hi in ((0, 3), (3, 7)):  # at least one value of each dial
+            if not self.allowed[lo:hi].any():
+                self.allowed[lo + int(self.np_random.integers(hi - lo))] = True
+        return self.allowed.astype(np.float32)
+
+    def action_masks(self):
+        return self.allowed
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self.t += 1
+        if not (self.allowed[int(action[0])] and self.allowed[3 + int(action[1])]):
+            Dials.forbidden += 1
+        return self._observe(), float(np.sum(action)), False, self.t >= 10, {}
+
+
+class MaskedTaxi(gym.Wrapper):
+    """Gymnasium's Taxi with sb3-contrib's convention: ``action_masks()`` (Taxi's own mask of the
+    moves that change its state, which Taxi otherwise gives in ``info``)."""
+
+    def action_masks(self):
+        return self.unwrapped.action_mask(self.unwrapped.s)
+
+
+for env_id, entry, kwargs in (("GatesTest-v0", Gates, {}), ("OpenGatesTest-v0", Gates, {"masked": False}),
+                              ("DialsTest-v0", Dials, {}),
+                              ("MaskedTaxiTest-v4", lambda **kw: MaskedTaxi(gym.make("Taxi-v4", **kw)), {})):
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=entry, kwargs=kwargs)
+
+
+def quick(algo: str, **overrides):
+    """A short run's config of ``algo`` that evaluates too."""
+    values = dict(env="GatesTest-v0", total_steps=1024, eval_interval=512, eval_episodes=4, progress=False,
+                  tensorboard=False, seed=0, torch_threads=1)
+    if algo in ("ppo", "a2c", "trpo", "impala", "appo"):
+        values.update(num_envs_per_runner=4, rollout_steps=32)
+    if algo == "ppo":
+        values.update(minibatch_size=64, num_epochs=2)
+    if algo == "dqn":
+        values.update(learning_starts=256, batch_size=32, hidden_sizes=(32,))
+    values.update(overrides)
+    return get(algo).config_cls(**values)
+
+
+def test_a_dict_observation_with_an_action_mask_is_flattened_with_the_mask_last():
+    env = make_env("GatesTest-v0")
+    space = env.observation_space
+    assert isinstance(space, MaskedBox) and space.shape == (10,) and space.mask_dim == 5
+    obs, _ = env.reset(seed=0)
+    target = int(obs[:5].argmax())
+    assert obs[5 + target] == 1 and set(obs[5:]) <= {0.0, 1.0}
+    # checkpoints describe it, and tell it from the plain Box of the same bounds
+    again = space_from_description(describe_space(space))
+    assert again == space and again.mask_dim == 5 and again != gym.spaces.Box(space.low, space.high)
+
+
+@pytest.mark.parametrize("algo, overrides", [
+    ("ppo", {}), ("ppo", {"lstm_size": 8}), ("ppo", {"env": "DialsTest-v0"}), ("a2c", {}), ("trpo", {}),
+    ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}),
+    ("ppo", {"inference": "central"}), ("ppo", {"env": "OpenGatesTest-v0"}),
+])
+def test_runners_and_evaluation_choose_legal_actions_only(algo, overrides, tmp_path):
+    """From the first step (an untrained policy, DQN's random actions) to the evaluation episodes.
+    The same PPO on the gates without their mask chooses closed ones: the count can fail."""
+    Gates.closed_chosen = Dials.forbidden = 0
+    summary = shoal.train(quick(algo, **overrides), run_dir=tmp_path / "run")
+    assert summary["env_steps"] >= 1024
+    illegal = Gates.closed_chosen + Dials.forbidden
+    if overrides.get("env") == "OpenGatesTest-v0":
+        assert illegal > 20
+    else:
+        assert illegal == 0
+
+
+@pytest.mark.parametrize("overrides", [{}, {"lstm_size": 8}, {"env": "DialsTest-v0"}, {"normalize_obs": True}])
+def test_the_learner_replays_the_masked_probabilities_the_runner_sampled_from(overrides):
+    """Log-probabilities of the rollout's actions by the learner's network, with the same
+    weights, equal the runner's: the learner masks as the runner did. A normaliser leaves the
+    mask as it is."""
+    config = quick("ppo", num_envs_per_runner=4, rollout_steps=64, minibatch_size=128, **overrides)
+    with shoal.make(config) as algo:
+        learner, runner = algo.learner.obj, algo.runners[0].obj
+        rollout = runner.sample(64)
+        if config.normalize_obs:  # statistics that would move a mask entry were it normalised
+            learner.merge_obs_stats([rollout])
+            x = torch.as_tensor(rollout.obs[0])
+            np.testing.assert_array_equal(learner.policy.normalize(x)[:, -runner.policy.mask_dim:],
+                                          x[:, -runner.policy.mask_dim:])
+            assert not torch.equal(learner.policy.normalize(x)[:, :5], x[:, :5])
+        batch = learner.gae_batch([rollout])
+        with torch.no_grad():
+            logp, entropy, _ = learner.evaluate(batch)
+        torch.testing.assert_close(logp, batch["logp"], atol=1e-5, rtol=0)
+        assert torch.isfinite(entropy).all()
+        # an unmasked network gives other probabilities: what the comparison tells apart
+        m = copy.deepcopy(learner.policy)
+        m.mask_dim = 0
+        if not config.lstm_size:
+            with torch.no_grad():
+                assert not torch.allclose(m.evaluate(batch["obs"], batch["actions"])[0], batch["logp"], atol=1e-3)
+
+
+def test_impala_corrects_towards_the_masked_policy():
+    """V-trace's target log-probabilities (the learner's network) equal the behaviour ones when the
+    weights are the same: both masked."""
+    with shoal.make(quick("impala")) as algo:
+        learner, runner = algo.learner.obj, algo.runners[0].obj
+        b = learner.vtrace_batch([runner.sample(32)])
+        torch.testing.assert_close(b["logp"], b["behaviour_logp"], atol=1e-5, rtol=0)
+
+
+def test_dqn_targets_take_the_best_legal_next_action(monkeypatch):
+    """The target's max (and double DQN's argmax) runs over the actions legal at the next state."""
+    import shoal.algos.dqn as dqn
+    from shoal.replay import Transitions
+
+    seen = []
+    original = dqn.td_targets
+    monkeypatch.setattr(dqn, "td_targets", lambda *a: seen.append(a) or original(*a))
+    for double in (True, False):
+        with shoal.make(quick("dqn", double=double)) as algo:
+            learner = algo.learner.obj
+            obs = torch.as_tensor(np.stack([make_env("GatesTest-v0").reset(seed=s)[0] for s in range(64)]))
+            next_obs = obs.flip(0).clone()
+            legal = next_obs[:, 5:] > 0.5
+            with torch.no_grad():
+                q_next, q_online = learner.target(next_obs), learner.policy(next_obs)
+            # at many next states the unmasked choice is a closed gate
+            assert (~legal.gather(1, (q_online if double else q_next).argmax(-1, keepdim=True))).sum() >= 10
+            batch = Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), next_obs,
+                                torch.full((64,), 0.5), torch.ones(64), None)
+            seen.clear()
+            learner.train_batch(batch)
+            (_, _, target_q, online_q), = seen
+            chosen = (online_q if double else target_q).argmax(-1, keepdim=True)
+            assert legal.gather(1, chosen).all()
+            torch.testing.assert_close(target_q.gather(1, chosen), q_next.gather(1, chosen))
+            if not double:
+                expected = q_next.masked_fill(~legal, -np.inf).max(-1).values
+                torch.testing.assert_close(target_q.max(-1).values, expected)
+
+
+def test_a_deployed_policy_takes_the_mask_in_every_form(tmp_path):
+    summary = shoal.train(quick("ppo", total_steps=512), run_dir=tmp_path / "run")
+    policy = shoal.load_policy(summary["checkpoint"])
+    env = Gates()
+    obs = [env.reset(seed=s)[0] for s in range(200)]
+    masks = np.stack([o["action_mask"] for o in obs]).astype(bool)
+    rows = np.arange(200)
+    for deterministic in (True, False):
+        gen = torch.Generator().manual_seed(0)
+        # the env's own Dict observations, one or a list
+        assert masks[0, policy.act(obs[0], deterministic, gen)]
+        assert masks[rows, policy.act(obs, deterministic, gen)].all()
+        # the observation alone, and the mask given as sb3-contrib's predict takes it
+        alone = np.stack([o["observation"] for o in obs])
+        assert masks[rows, policy.act(alone, deterministic, gen, action_mask=masks)].all()
+        # the flat vector runners see, its mask replaced by action_mask
+        flat = np.concatenate([alone, np.ones((200, 5), np.float32)], 1)
+        assert masks[rows, policy.act(flat, deterministic, gen, action_mask=masks)].all()
+    # the policy server takes the flat vector, and says where its mask is
+    from shoal.remote.policyserver import PolicyClient, PolicyServer
+    from shoal.remote.wire import decode_space
+
+    server = PolicyServer({"default": tmp_path / "run"}, port=0).start()
+    try:
+        client = PolicyClient(server.address)
+        assert decode_space(client.describe().observation_space).mask_dim == 5
+        flat = np.concatenate([alone, masks.astype(np.float32)], 1)
+        assert masks[rows, client.act(flat)[0]].all() and masks[rows, client.act(flat, deterministic=False)[0]].all()
+    finally:
+        server.stop(grace=0)
+    # without a mask every action is allowed; a mask of the wrong size is refused
+    assert not masks[rows, policy.act(alone, False, torch.Generator().manual_seed(0))].all()
+    with pytest.raises(ShoalError, match="takes 5 entries per observation"):
+        policy.act(alone, action_mask=np.ones((200, 4)))
+    unmasked = shoal.load_policy(shoal.train(quick("ppo", env="OpenGatesTest-v0", total_steps=256),
+                                             run_dir=tmp_path / "open")["checkpoint"])
+    with pytest.raises(ShoalError, match="takes no action mask"):
+        unmasked.act(alone, action_mask=masks)
+
+
+def test_a_multi_discrete_mask_applies_per_element():
+    m = ActorCritic(MaskedBox(np.zeros(10, np.float32), np.ones(10, np.float32), 7), gym.spaces.MultiDiscrete([3, 4]))
+    with torch.no_grad():
+        for p in m.actor.parameters():
+            p.normal_()
+    rng = np.random.default_rng(0)
+    allowed = rng.random((500, 7)) < 0.4
+    allowed[:, 0] = allowed[:, 3] = True
+    x = torch.as_tensor(np.concatenate([rng.random((500, 3)), allowed], 1), dtype=torch.float32)
+    legal = torch.as_tensor(allowed)
+    for actions in (m.explore(x, torch.Generator().manual_seed(1))[0], m.act(x, True), m.act(x, False)):
+        assert legal[torch.arange(500), actions[:, 0]].all() and legal[torch.arange(500), 3 + actions[:, 1]].all()
+    logp, entropy = m.evaluate_actions(x, m.act(x, True))
+    assert torch.isfinite(logp).all() and torch.isfinite(entropy).all()
+
+
+def test_envs_that_give_a_mask_shoal_cannot_use_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ShoalError, match="sac does not take action masks, which GatesTest-v0 gives"):
+        shoal.make(quick("sac", learning_starts=10))
+    assert not (tmp_path / "run").exists()
+
+    class Continuous(Gates):
+        def __init__(self):
+            super().__init__()
+            self.action_space = gym.spaces.Box(-1, 1, (5,))
+
+    class Wide(Gates):
+        def __init__(self):
+            super().__init__()
+            self.action_space = gym.spaces.Discrete(4)
+
+    class Pictures(Gates):
+        def __init__(self):
+            super().__init__()
+            self.observation_space = gym.spaces.Dict({"observation": gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+                                                      "action_mask": gym.spaces.MultiBinary(5)})
+
+    class Shut(Gates):
+        def _observe(self):
+            obs = super()._observe()
+            obs["action_mask"][:] = 0
+            return obs
+
+    cases = [(Continuous, "its actions are continuous"), (Wide, "has 5 entries, where its action space Discrete"),
+             (Pictures, "masked policies take vector observations")]
+    for cls, message in cases:
+        gym.register("RefusedMask-v0", entry_point=cls)
+        try:
+            with pytest.raises(ShoalError, match=message):
+                shoal.make(quick("ppo", env="RefusedMask-v0"))
+        finally:
+            gym.registry.pop("RefusedMask-v0")
+    gym.register("ShutGates-v0", entry_point=Shut)
+    try:
+        with shoal.make(quick("ppo", env="ShutGates-v0")) as algo:
+            with pytest.raises(ShoalError, match="env 0 of ShutGates-v0 gave an action mask that allows no action"):
+                algo.runners[0].obj.sample(8)
+    finally:
+        gym.registry.pop("ShutGates-v0")
+
+
+def test_an_env_server_serves_the_mask_with_the_observations(tmp_path):
+    from shoal.remote.client import RemoteVectorEnv
+    from shoal.remote.envserver import EnvServer
+    from shoal.remote.wire import WireError, decode_space, encode_space
+
+    space = make_env("GatesTest-v0").observation_space
+    assert decode_space(encode_space(space)) == space
+    bad = encode_space(space)
+    bad.mask_dim = 10  # no observation entry left
+    with pytest.raises(WireError, match="a mask ends a flat float32 box"):
+        decode_space(bad)
+    server = EnvServer("GatesTest-v0", 4).start()
+    try:
+        remote = RemoteVectorEnv(f"remote://{server.address}")
+        assert remote.single_observation_space == space
+        remote.close()
+        Gates.closed_chosen = 0
+        summary = shoal.train(quick("ppo", env=f"remote://{server.address}", eval_interval=0),
+                              run_dir=tmp_path / "run")
+        assert summary["env_steps"] >= 1024 and Gates.closed_chosen == 0
+    finally:
+        server.stop(grace=0)
+
+
+def test_ppo_learns_taxi_with_its_action_mask(tmp_path):
+    """Taxi through ``action_masks()``, PPO's default settings: 7+ (~8 at best) by 115k steps on
+    seeds 0 and 1 (~30 s); without the mask PPO was still at -200 (every episode timed out) after
+    200k. Deployed, the policy takes Taxi's own states and the mask Taxi gives in ``info``."""
+    config = shoal.PPOConfig(env="MaskedTaxiTest-v4", total_steps=200_000, stop_return=7.0, eval_interval=16384,
+                             eval_episodes=10, progress=False, tensorboard=False, seed=0)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    assert summary["best_eval_return"] >= 7.0, summary
+    policy = shoal.load_policy(summary["checkpoint"])
+    env = gym.make("Taxi-v4")
+    returns = []
+    for seed in range(20):
+        state, info = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            state, r, term, trunc, info = env.step(int(policy.act(state, action_mask=info["action_mask"])))
+            total += r
+            done = term or trunc
+        returns.append(total)
+    assert np.mean(returns) >= 6.0, returns
+    # the policy server has no field for a mask: Taxi's states alone are refused, the flat vector taken
+    from shoal.remote.policyserver import PolicyClient, PolicyServer
+
+    server = PolicyServer({"default": tmp_path / "run"}, port=0).start()
+    try:
+        client = PolicyClient(server.address)
+        with pytest.raises(Exception, match="end with an action mask of 6 entries: send flat vectors of 506"):
+            client.act(np.array([state]))
+        flat = np.concatenate([np.eye(500, dtype=np.float32)[state], info["action_mask"].astype(np.float32)])
+        assert client.act(flat)[0] == policy.act(state, action_mask=info["action_mask"])
+    finally:
+        server.stop(grace=0)
