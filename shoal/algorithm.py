@@ -50,7 +50,7 @@ class Algorithm:
             raise ShoalError(f"{self.spec.name} does not support action space {e.space}: {e.hint}") from None
         except UnsupportedMasks:
             raise ShoalError(f"{self.spec.name} does not take action masks, which {config.env} gives: ppo, a2c, "
-                             "trpo, impala, appo and dqn do") from None
+                             "trpo, impala, appo, dqn and sac (discrete actions) do") from None
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
         if config.inference == "central" and self.apex:

@@ -168,7 +168,7 @@ class UnsupportedMasks(ShoalError):
 
     def __init__(self) -> None:
         super().__init__("this algorithm does not take action masks (the env gives one): ppo, a2c, trpo, impala, "
-                         "appo and dqn do")
+                         "appo, dqn and sac (discrete actions) do")
 
 
 class PolicyModule(nn.Module):

@@ -16,7 +16,7 @@ import shoal
 from shoal.algos import get
 from shoal.envs import MaskedBox, describe_space, make_env, space_from_description
 from shoal.errors import ShoalError
-from shoal.policy import ActorCritic
+from shoal.policy import ActorCritic, PolicyModule, UnsupportedMasks
 
 
 class Gates(gym.Env):
@@ -109,7 +109,7 @@ def quick(algo: str, **overrides):
         values.update(num_envs_per_runner=4, rollout_steps=32)
     if algo == "ppo":
         values.update(minibatch_size=64, num_epochs=2)
-    if algo == "dqn":
+    if algo in ("dqn", "sac"):
         values.update(learning_starts=256, batch_size=32, hidden_sizes=(32,))
     values.update(overrides)
     return get(algo).config_cls(**values)
@@ -129,7 +129,7 @@ def test_a_dict_observation_with_an_action_mask_is_flattened_with_the_mask_last(
 
 @pytest.mark.parametrize("algo, overrides", [
     ("ppo", {}), ("ppo", {"lstm_size": 8}), ("ppo", {"env": "DialsTest-v0"}), ("a2c", {}), ("trpo", {}),
-    ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}),
+    ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}), ("sac", {}),
     ("ppo", {"inference": "central"}), ("ppo", {"env": "OpenGatesTest-v0"}),
 ])
 def test_runners_and_evaluation_choose_legal_actions_only(algo, overrides, tmp_path):
@@ -213,6 +213,28 @@ def test_dqn_targets_take_the_best_legal_next_action(monkeypatch):
                 torch.testing.assert_close(target_q.max(-1).values, expected)
 
 
+def test_sac_discrete_aims_at_the_entropy_the_legal_actions_allow():
+    """Its temperature's target is target_entropy_scale x log(legal actions), state by state:
+    at 0.9 a near-uniform policy over the legal gates is above it (the temperature falls), where
+    0.9 x log(5) would be out of reach (it would rise without bound). A large temperature meets no
+    0 x inf: every weight stays finite."""
+    from shoal.replay import Transitions
+
+    with shoal.make(quick("sac", target_entropy_scale=0.9)) as algo:
+        learner = algo.learner.obj
+        obs = torch.as_tensor(np.stack([make_env("GatesTest-v0").reset(seed=s)[0] for s in range(64)]))
+        batch = Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), obs.flip(0),
+                            torch.full((64,), 0.5), torch.ones(64), None)
+        before = float(learner.log_alpha.detach())
+        learner.train_batch(batch)
+        assert float(learner.log_alpha.detach()) < before
+        with torch.no_grad():
+            learner.log_alpha.fill_(np.log(1e3))
+        metrics, _ = learner.train_batch(batch)
+        assert all(torch.isfinite(v).all() for v in metrics.values())
+        assert all(torch.isfinite(p).all() for p in [*learner.policy.parameters(), *learner.critics.parameters()])
+
+
 def test_a_deployed_policy_takes_the_mask_in_every_form(tmp_path):
     summary = shoal.train(quick("ppo", total_steps=512), run_dir=tmp_path / "run")
     policy = shoal.load_policy(summary["checkpoint"])
@@ -270,9 +292,15 @@ def test_a_multi_discrete_mask_applies_per_element():
 
 
 def test_envs_that_give_a_mask_shoal_cannot_use_are_refused_in_one_line(tmp_path):
-    with pytest.raises(ShoalError, match="sac does not take action masks, which GatesTest-v0 gives"):
-        shoal.make(quick("sac", learning_starts=10))
-    assert not (tmp_path / "run").exists()
+    # every algorithm for discrete actions takes masks; the others say what they need; a policy
+    # class that takes none says so
+    with pytest.raises(ShoalError, match="td3 needs continuous"):
+        shoal.make(quick("td3", learning_starts=10))
+    masked = MaskedBox(np.zeros(10, np.float32), np.ones(10, np.float32), 5)
+    with pytest.raises(UnsupportedMasks, match="does not take action masks"):
+        PolicyModule(masked, gym.spaces.Discrete(5))
+    with pytest.raises(ShoalError, match="an action mask of 5 entries does not fit the action space Discrete"):
+        ActorCritic(masked, gym.spaces.Discrete(4))
 
     class Continuous(Gates):
         def __init__(self):

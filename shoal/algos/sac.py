@@ -39,7 +39,8 @@ class SACConfig(OffPolicyConfig):
     """Initial temperature when tuned."""
     target_entropy: float | None = None
     """Entropy the temperature aims for (default: -action dimensions for continuous actions,
-    target_entropy_scale x log(actions) for discrete ones)."""
+    target_entropy_scale x log(actions) for discrete ones; with an action mask, x log(legal actions)
+    state by state)."""
     target_entropy_scale: float = 0.1
     """Discrete actions: the default target entropy as a fraction of the uniform policy's (0.1: CartPole-v1
     plateaus near 250 with 0.5 here; Christodoulou used 0.98 on Atari)."""
@@ -91,7 +92,10 @@ class SquashedGaussianActor(ScaledActions):
 
 
 class CategoricalActor(PolicyModule):
-    """pi(.|s) over discrete actions (SAC-Discrete); uniform actions until learning starts."""
+    """pi(.|s) over discrete actions (SAC-Discrete); uniform actions until learning starts. With
+    an action mask, the illegal actions have probability 0 (and are never the uniform ones)."""
+
+    masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
         super().__init__(obs_space, action_space, normalize_obs=False)
@@ -99,20 +103,32 @@ class CategoricalActor(PolicyModule):
         self.logits = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
-    def log_probs(self, x: Tensor) -> Tensor:
-        """log pi(a|s) [N, actions] for every action."""
-        return F.log_softmax(self.logits(x), dim=-1)
+    def _logits(self, x: Tensor) -> Tensor:
+        """Logits [N, actions], the illegal actions' the smallest float (probability 0)."""
+        out, legal = self.logits(x), self.legal(x)
+        return out if legal is None else out.masked_fill(~legal, torch.finfo(out.dtype).min)
+
+    def log_probs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """log pi(a|s) and pi(a|s) [N, actions] for every action. With an action mask an illegal
+        action's probability is 0 and its log-probability is given as 0, so that p log p and
+        p Q are 0 there (not 0 times a number past the float range, or its gradient)."""
+        logp = F.log_softmax(self._logits(x), dim=-1)
+        p, legal = logp.exp(), self.legal(x)
+        return (logp if legal is None else logp.masked_fill(~legal, 0.0)), p
 
     def _sample(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        return torch.multinomial(F.softmax(self.logits(x), dim=-1), 1, generator=generator).squeeze(-1)
+        return torch.multinomial(F.softmax(self._logits(x), dim=-1), 1, generator=generator).squeeze(-1)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         if self.random_actions:
+            legal = self.legal(x)
+            if legal is not None:
+                return torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1), torch.zeros(x.shape[0])
             return torch.randint(0, self.action_dim, (x.shape[0],), generator=generator), torch.zeros(x.shape[0])
         return self._sample(x, generator), torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self.logits(x).argmax(-1) if deterministic else self._sample(x, generator)
+        return self._logits(x).argmax(-1) if deterministic else self._sample(x, generator)
 
 
 def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
@@ -169,25 +185,33 @@ class SACLearner(OffPolicyLearner):
         """SAC-Discrete: the same three losses with exact expectations over pi(.|s)."""
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():  # V(s') = sum_a pi(a|s') (min_k Q_k'(s', a) - alpha log pi(a|s'))  (eq. 10)
-            next_logp = self.policy.log_probs(b.next_obs)
+            next_logp, next_p = self.policy.log_probs(b.next_obs)
             next_q = self.target_critics(b.next_obs).min(0).values
-            target = b.rewards + b.discounts * (next_logp.exp() * (next_q - alpha * next_logp)).sum(-1)
+            target = b.rewards + b.discounts * (next_p * (next_q - alpha * next_logp)).sum(-1)
         q_all = self.critics(b.obs)  # [2, N, actions]
         qs = q_all.gather(-1, b.actions.expand(len(q_all), -1)[..., None]).squeeze(-1)  # [2, N]
         critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
-        logp = self.policy.log_probs(b.obs)
-        p = logp.exp()
+        logp, p = self.policy.log_probs(b.obs)
         # The actor's loss uses the critics' values, not their gradients (eq. 12).
         actor_loss = (p * (alpha * logp - q_all.detach().min(0).values)).sum(-1).mean()
-        return self._step(critic_loss, actor_loss, -(p * logp).sum(-1).detach(), alpha, qs[0] - target)
+        # With an action mask the entropy a state can have is log(its legal actions): the target
+        # is target_entropy_scale of that, state by state (a fixed one above it would grow the
+        # temperature without bound).
+        legal = self.policy.legal(b.obs)
+        target_entropy = (None if legal is None or self.config.target_entropy is not None
+                          else self.config.target_entropy_scale * legal.sum(-1).float().log())
+        return self._step(critic_loss, actor_loss, -(p * logp).sum(-1).detach(), alpha, qs[0] - target,
+                          target_entropy)
 
     def _step(self, critic_loss: Tensor, actor_loss: Tensor, entropy: Tensor, alpha: Tensor,
-              td: Tensor) -> tuple[dict[str, Tensor], Tensor | None]:
-        """One Adam step on the three losses (the temperature's towards the target entropy, eq. 18)."""
+              td: Tensor, target_entropy: Tensor | float | None = None) -> tuple[dict[str, Tensor], Tensor | None]:
+        """One Adam step on the three losses (the temperature's towards the target entropy, eq. 18;
+        ``target_entropy`` [N] per state, or the learner's one)."""
         c = self.config
         loss = critic_loss + actor_loss
         if c.alpha is None:
-            loss = loss + (self.log_alpha * (entropy - self.target_entropy)).mean()
+            target = self.target_entropy if target_entropy is None else target_entropy
+            loss = loss + (self.log_alpha * (entropy - target)).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
