@@ -19,11 +19,8 @@ Two figures, as ratios of shoal to sb3-contrib measured in the same run:
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import gymnasium as gym
-from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
+from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 ENV, TARGET, EVAL_EVERY, BUDGET = "MaskedTaxi-v4", 7.0, 16_384, 300_000
 
@@ -58,22 +55,11 @@ def sb3_model(seed: int):
 
 
 def shoal_throughput(steps: int) -> float:
-    import shoal
-
-    with shoal.make(shoal_config(0, 10 * steps, eval_interval=0)) as algo:
-        algo.train()  # the first iteration: imports, first Adam step
-        start, first = time.perf_counter(), algo.env_steps
-        while algo.env_steps - first < steps:
-            algo.train()
-        return (algo.env_steps - first) / (time.perf_counter() - start)
+    return shoal_steps_per_s(shoal_config(0, 10 * steps, eval_interval=0), steps)
 
 
 def sb3_throughput(steps: int) -> float:
-    model = sb3_model(0)
-    model.learn(1024)  # the first iteration
-    start, first = time.perf_counter(), model.num_timesteps
-    model.learn(steps, reset_num_timesteps=False)
-    return (model.num_timesteps - first) / (time.perf_counter() - start)
+    return sb3_steps_per_s(sb3_model(0), steps, warmup=1024)
 
 
 def shoal_time(seed: int):
@@ -89,39 +75,9 @@ def sb3_time(seed: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20_480, help="env steps of the throughput runs")
-    parser.add_argument("--seeds", type=int, nargs="*", default=[], help=f"seeds of the time-to-{TARGET:.0f} runs")
-    args = parser.parse_args()
-    rate = {"shoal": isolated(shoal_throughput, args.steps), "sb3-contrib": isolated(sb3_throughput, args.steps)}
-    print(f"machine: {machine()}")
-    print(f"training env steps/s over {args.steps:,} steps: shoal {rate['shoal']:,.0f}, sb3-contrib "
-          f"{rate['sb3-contrib']:,.0f}; ratio {rate['shoal'] / rate['sb3-contrib']:.2f}", flush=True)
-    rows = []
-    for seed in args.seeds:
-        for name, fn in (("shoal", shoal_time), ("sb3-contrib", sb3_time)):
-            reached = isolated(fn, seed)
-            best = max((point[2] for point in reached.curve), default=float("nan"))
-            ran_s = reached.curve[-1][1] if reached.curve else float("nan")
-            rows.append({"framework": name, "seed": seed, "seconds": reached.seconds, "steps": reached.steps,
-                         "best": best, "ran_s": ran_s, "curve": reached.curve})
-            if reached.seconds == reached.seconds:
-                print(f"{name:11s} seed {seed}: {reached.seconds:6.1f} s to {TARGET:.0f}, {reached.steps:7,d} steps",
-                      flush=True)
-            else:
-                print(f"{name:11s} seed {seed}: not {TARGET:.0f} in {reached.steps:,d} steps ({ran_s:.1f} s; "
-                      f"best {best:.1f})", flush=True)
-    result = {"steps_per_s": rate, "throughput_ratio": rate["shoal"] / rate["sb3-contrib"], "rows": rows}
-    if rows:
-        med = {f: median([r["seconds"] if r["seconds"] == r["seconds"] else r["ran_s"]
-                          for r in rows if r["framework"] == f]) for f in rate}
-        missed = {f: sum(r["seconds"] != r["seconds"] for r in rows if r["framework"] == f) for f in rate}
-        result["median_s"], result["time_ratio"] = med, med["shoal"] / med["sb3-contrib"]
-        bound = "<= " if missed["sb3-contrib"] and not missed["shoal"] else ""
-        print(f"median time to {TARGET:.0f} (a run that missed it counted at its whole time): shoal "
-              f"{med['shoal']:.1f} s ({missed['shoal']} missed), sb3-contrib {med['sb3-contrib']:.1f} s "
-              f"({missed['sb3-contrib']} missed); ratio {bound}{result['time_ratio']:.2f}")
-    save("masking", result)
+    main_against_peer("masking", __doc__.splitlines()[0], 20_480, TARGET,
+                      {"shoal": shoal_throughput, "sb3-contrib": sb3_throughput},
+                      {"shoal": shoal_time, "sb3-contrib": sb3_time})
 
 
 if __name__ == "__main__":

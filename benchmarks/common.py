@@ -157,3 +157,78 @@ def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int
     fig.suptitle(title, fontsize=10)
     RESULTS.mkdir(exist_ok=True)
     return save_figure(fig, RESULTS / f"{name}.png", dpi=100)
+
+
+def shoal_steps_per_s(config, steps: int) -> float:
+    """Env steps per wall second of shoal training ``config`` (sampling and updates, no
+    evaluation) over ``steps`` steps, after its first iteration (imports, the first Adam step)."""
+    import shoal
+
+    with shoal.make(config) as algo:
+        algo.train()
+        start, first = time.perf_counter(), algo.env_steps
+        while algo.env_steps - first < steps:
+            algo.train()
+        return (algo.env_steps - first) / (time.perf_counter() - start)
+
+
+def sb3_steps_per_s(model, steps: int, warmup: int) -> float:
+    """Env steps per wall second of a stable-baselines3 ``model`` learning ``steps`` steps, after
+    ``warmup`` steps (its first iteration)."""
+    model.learn(warmup)
+    start, first = time.perf_counter(), model.num_timesteps
+    model.learn(steps, reset_num_timesteps=False)
+    return (model.num_timesteps - first) / (time.perf_counter() - start)
+
+
+def compare_times_to(runs: dict, seeds: list[int], target: float, rate: dict[str, float]) -> dict:
+    """Run each framework's ``runs[name](seed)`` (a Reached; each in a fresh process) for every
+    seed, print each time to ``target`` and the medians, and return the figures with the
+    frameworks' training rates ``rate``. A run that missed the target counts at its whole time,
+    so a ratio against it is an upper bound."""
+    rows = []
+    for seed in seeds:
+        for name, fn in runs.items():
+            reached = isolated(fn, seed)
+            best = max((point[2] for point in reached.curve), default=float("nan"))
+            ran_s = reached.curve[-1][1] if reached.curve else float("nan")
+            rows.append({"framework": name, "seed": seed, "seconds": reached.seconds, "steps": reached.steps,
+                         "best": best, "ran_s": ran_s, "curve": reached.curve})
+            if reached.seconds == reached.seconds:
+                print(f"{name:11s} seed {seed}: {reached.seconds:6.1f} s to {target:g}, {reached.steps:7,d} steps",
+                      flush=True)
+            else:
+                print(f"{name:11s} seed {seed}: not {target:g} in {reached.steps:,d} steps ({ran_s:.1f} s; "
+                      f"best {best:.1f})", flush=True)
+    ours, peer = rate
+    result = {"steps_per_s": rate, "throughput_ratio": rate[ours] / rate[peer], "rows": rows}
+    if rows:
+        med = {f: median([r["seconds"] if r["seconds"] == r["seconds"] else r["ran_s"]
+                          for r in rows if r["framework"] == f]) for f in rate}
+        missed = {f: sum(r["seconds"] != r["seconds"] for r in rows if r["framework"] == f) for f in rate}
+        result["median_s"], result["time_ratio"] = med, med[ours] / med[peer]
+        bound = "<= " if missed[peer] and not missed[ours] else ""
+        print(f"median time to {target:g} (a run that missed it counted at its whole time): {ours} "
+              f"{med[ours]:.1f} s ({missed[ours]} missed), {peer} {med[peer]:.1f} s ({missed[peer]} missed); "
+              f"ratio {bound}{result['time_ratio']:.2f}")
+    return result
+
+
+def main_against_peer(name: str, description: str, default_steps: int, target: float, throughput: dict,
+                      times: dict) -> None:
+    """A benchmark script's main: parse ``--steps`` and ``--seeds``; print each framework's
+    training rate (``throughput[framework](steps)``) and their ratio, then the times to
+    ``target`` (``times[framework](seed)``, :func:`compare_times_to`); save the figures as NAME.
+    The first framework is shoal, the second its peer."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=default_steps, help="env steps of the throughput runs")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[], help=f"seeds of the time-to-{target:g} runs")
+    args = parser.parse_args()
+    rate = {framework: isolated(fn, args.steps) for framework, fn in throughput.items()}
+    (ours, mine), (peer, theirs) = rate.items()
+    print(f"machine: {machine()}")
+    print(f"training env steps/s over {args.steps:,} steps: {ours} {mine:,.0f}, {peer} {theirs:,.0f}; "
+          f"ratio {mine / theirs:.2f}", flush=True)
+    save(name, compare_times_to(times, args.seeds, target, rate))

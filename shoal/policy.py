@@ -346,7 +346,7 @@ class ActorCritic(PolicyModule):
             # past an element's own count filled with the smallest float (probability 0), so every
             # element's softmax, sample and log-probability is one batched op. Not saved: rebuilt
             # from the action space.
-            k, width = len(self.nvec), int(self.nvec.max())
+            width = int(self.nvec.max())
             offsets = np.concatenate([[0], np.cumsum(self.nvec)[:-1]])
             slot = np.arange(width)
             valid = slot[None, :] < self.nvec[:, None]

@@ -19,7 +19,16 @@ from shoal.errors import ShoalError
 from shoal.policy import ActorCritic, PolicyModule, UnsupportedMasks
 
 
-class Gates(gym.Env):
+class Episodic(gym.Env):
+    """An env whose reset starts the step count and returns ``_observe()``."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+
+class Gates(Episodic):
     """Five gates; each step a few are open (the action mask), among them always the one the
     observation names, which pays 1; another open gate pays 0; a closed one -1 and ends the
     episode. ``closed_chosen`` counts closed gates chosen, by every instance in this process."""
@@ -40,11 +49,6 @@ class Gates(gym.Env):
         obs = np.eye(self.n, dtype=np.float32)[self.target]
         return {"observation": obs, "action_mask": self.open.astype(np.int8)} if self.masked else obs
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._observe(), {}
-
     def step(self, action):
         self.t += 1
         if not self.open[int(action)]:
@@ -53,7 +57,7 @@ class Gates(gym.Env):
         return self._observe(), float(int(action) == self.target), False, self.t >= 10, {}
 
 
-class Dials(gym.Env):
+class Dials(Episodic):
     """MultiDiscrete([3, 4]) actions; each step some values of each dial are allowed (an
     ``action_masks()`` method, 7 entries: the first dial's 3, then the second's 4). Choosing a
     value not allowed counts in ``forbidden``; the reward is the dials' sum."""
@@ -73,11 +77,6 @@ class Dials(gym.Env):
 
     def action_masks(self):
         return self.allowed
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._observe(), {}
 
     def step(self, action):
         self.t += 1

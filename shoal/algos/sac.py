@@ -168,7 +168,6 @@ class SACLearner(OffPolicyLearner):
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         if self.discrete:
             return self._train_discrete(b)
-        c = self.config
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():  # soft target: min of twin target critics minus alpha * log pi (eq. 3)
             next_a, next_logp = self.policy.sample(b.next_obs, self.generator)
