@@ -56,8 +56,8 @@ class OnPolicyConfig(Config):
     """Initial log standard deviation of continuous actions."""
     lstm_size: int = 0
     """Units of an LSTM between the encoder and the actor and critic MLPs, which then remember
-    across an episode's steps (0: a feed-forward policy). ppo and a2c; each env's rollout trains
-    as one sequence, so a minibatch is minibatch_size // rollout_steps envs' rollouts."""
+    across an episode's steps (0: a feed-forward policy). ppo, a2c, impala and appo; each env's
+    rollout trains as one sequence, so a minibatch is minibatch_size // rollout_steps envs' rollouts."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -128,7 +128,7 @@ def segment_memory(memory: tuple[Tensor, Tensor], first: np.ndarray) -> tuple[Te
 def feed_forward_only(config: OnPolicyConfig) -> None:
     """Refuse ``lstm_size`` for an algorithm that trains feed-forward policies only."""
     _check(config.lstm_size == 0, f"{config.algo} trains feed-forward policies only: recurrent ones "
-           "(lstm_size) train with ppo or a2c")
+           "(lstm_size) train with ppo, a2c, impala or appo")
 
 
 class OnPolicyLearner(Learner):
@@ -263,7 +263,7 @@ class OnPolicyLearner(Learner):
             return m.evaluate(*((batch["obs"], batch["actions"]) if idx is None else
                                 (batch["obs"][idx], batch["actions"][idx])))
         if idx is None:
-            idx = torch.arange(len(batch["adv"]))
+            idx = torch.arange(len(batch["obs"]))
         T = len(batch["done"])
         envs = idx[: len(idx) // T]  # the first step's indices are the envs
         segments, first = episode_segments(batch["done"][:, envs].numpy())
@@ -303,7 +303,6 @@ class AsyncConfig(OnPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        feed_forward_only(self)
         _check(self.vtrace_rho_bar > 0 and self.vtrace_c_bar > 0, "vtrace_rho_bar and vtrace_c_bar must be positive")
         _check(self.max_policy_lag is None or self.max_policy_lag >= 0, "max_policy_lag must be >= 0 or None")
         _check(self.num_epochs >= 1, "num_epochs must be at least 1")
@@ -348,8 +347,7 @@ class VTraceLearner(OnPolicyLearner):
                 adv = b["adv"][idx]
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                obs = b["obs"][idx]
-                logp, entropy, value = m.evaluate(obs, b["actions"][idx])
+                logp, entropy, value = self.evaluate(b, idx)
                 entropy = entropy.mean()
                 pg = self.policy_loss(logp, b["logp"][idx], adv)
                 vl = 0.5 * (value - b["vs"][idx]).pow(2).mean()
@@ -369,18 +367,25 @@ class VTraceLearner(OnPolicyLearner):
 
     def vtrace_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """Flattened [N] samples with V-trace value targets ``vs``, advantages ``adv`` and the
-        learner's log-probabilities ``logp`` (the behaviour policy's are ``behaviour_logp``)."""
+        learner's log-probabilities ``logp`` (the behaviour policy's are ``behaviour_logp``); for a
+        recurrent policy, what :meth:`minibatches` and :meth:`evaluate` replay sequences from (the
+        learner's log-probabilities come from its network replaying the runner's sequences, from
+        the memory the runner began them with)."""
         c, m = self.config, self.policy
         s = self.stack(rollouts)
         T, B = s["rewards"].shape
         flat = lambda x: x.reshape(T * B, *x.shape[2:])
         obs, actions = flat(s["obs"]), flat(s["actions"])
+        seq = {"done": s["done"], "memory": s["memory"]} if "memory" in s else {}
         with torch.no_grad():
-            target_logp = m.evaluate_actions(obs, actions)[0].reshape(T, B)
+            if seq:
+                target_logp = self.evaluate({"obs": obs, "actions": actions, **seq})[0].reshape(T, B)
+            else:
+                target_logp = m.evaluate_actions(obs, actions)[0].reshape(T, B)
         vs, adv = vtrace(s["logp"], target_logp, s["rewards"], s["values"], s["next_values"], s["done"],
                          c.gamma, c.gae_lambda, c.vtrace_rho_bar, c.vtrace_c_bar)
         return {"obs": obs, "actions": actions, "logp": flat(target_logp), "behaviour_logp": flat(s["logp"]),
-                "vs": flat(vs), "adv": flat(adv), "values": flat(s["values"])}
+                "vs": flat(vs), "adv": flat(adv), "values": flat(s["values"]), **seq}
 
 
 def explained_variance(values: Tensor, returns: Tensor) -> float:

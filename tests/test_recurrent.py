@@ -124,10 +124,41 @@ def test_ppo_with_an_lstm_learns_a_task_that_needs_memory(tmp_path):
         PolicyServer({"default": summary["checkpoint"]})
 
 
-@pytest.mark.parametrize("algo", ["trpo", "impala", "appo"])
-def test_algorithms_without_sequences_refuse_an_lstm(algo):
-    with pytest.raises(ShoalError, match="trains feed-forward policies only"):
-        shoal.make_config(algo, "CartPole-v1", lstm_size=16)
+def test_trpo_refuses_an_lstm():
+    with pytest.raises(ShoalError, match="trpo trains feed-forward policies only"):
+        shoal.make_config("trpo", "CartPole-v1", lstm_size=16)
+
+
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_vtrace_learners_replay_the_runners_sequences(algo):
+    """IMPALA's and APPO's target log-probabilities (the learner's network replaying each env's
+    rollout from the memory the runner began it with) equal the behaviour ones at equal weights,
+    for the whole batch and for minibatches of whole sequences."""
+    config = shoal.make_config(algo, "CartPole-v1", lstm_size=16, num_envs_per_runner=4, rollout_steps=64,
+                               minibatch_size=128, progress=False, tensorboard=False, torch_threads=1)
+    with shoal.make(config) as algo_:
+        learner, runner = algo_.learner.obj, algo_.runners[0].obj
+        runner.sample(64)  # the next rollout starts mid-episode, with a memory
+        rollout = runner.sample(64)
+        assert np.abs(rollout.memory[0]).sum() > 0 and (rollout.terminated | rollout.truncated).sum() >= 4
+        b = learner.vtrace_batch([rollout])
+        torch.testing.assert_close(b["logp"], b["behaviour_logp"], atol=1e-5, rtol=0)
+        with torch.no_grad():
+            for idx in learner.minibatches(b, 128):
+                assert len(idx) == 128
+                torch.testing.assert_close(learner.evaluate(b, idx)[0], b["behaviour_logp"][idx], atol=1e-5, rtol=0)
+        learner.learn([rollout])  # and a step of training on it
+
+
+def test_appo_with_an_lstm_learns_a_task_that_needs_memory(tmp_path):
+    """Recall (8 steps): 1.0 by 14k-20k steps on seeds 0 and 1 (~7 s); without the LSTM APPO had
+    0.3 at 12k."""
+    from shoal.algos.appo import APPOConfig
+
+    config = APPOConfig(env="RecallTest-v0", lstm_size=32, num_envs_per_runner=8, rollout_steps=32, lr=1e-3,
+                        total_steps=40_960, eval_interval=2048, eval_episodes=20, stop_return=1.0, progress=False,
+                        tensorboard=False, seed=0)
+    assert shoal.train(config, run_dir=tmp_path)["best_eval_return"] == 1.0
 
 
 def test_central_inference_refuses_an_lstm(tiny):
