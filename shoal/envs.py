@@ -209,8 +209,6 @@ class MaskedBox(gym.spaces.Box):
     def __eq__(self, other: object) -> bool:
         return super().__eq__(other) and getattr(other, "mask_dim", 0) == self.mask_dim
 
-    __hash__ = None  # type: ignore[assignment]  (as Box: equal spaces need not hash alike)
-
     def __repr__(self) -> str:
         return f"MaskedBox({self.shape[0] - self.mask_dim} observation entries, {self.mask_dim} action mask entries)"
 
@@ -250,36 +248,33 @@ class ActionMaskObservation(gym.ObservationWrapper):
         if choices is None:
             raise ShoalError(f"{name} gives an action mask, but its actions are continuous ({env.action_space}): "
                              "masks apply to Discrete, MultiDiscrete and MultiBinary actions")
+        self.name = name
         self.from_dict = isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces
+        # action_masks() may need a reset first: its masks are checked as they come (observation)
+        self.rest_space, self.rest_keys = mask_layout(space) if self.from_dict else (space, [])
         if self.from_dict:
             mask_space = space["action_mask"]
-            if len(space.spaces) == 1:
+            if not self.rest_keys:
                 raise ShoalError(f"{name}'s observations hold only an action mask: they need an observation too")
-            self.rest_space = mask_layout(space)
             if not isinstance(mask_space, (gym.spaces.MultiBinary, gym.spaces.Box)):
                 raise ShoalError(f"{name}'s action_mask is a {mask_space}: it must be a MultiBinary or a Box of "
                                  "0s and 1s, one per action")
-            width = int(np.prod(mask_space.shape))
-        else:
-            self.rest_space = space
-            width = choices  # action_masks() may need a reset first: its masks are checked as they come
-        self.name = name
-        if width != choices:
-            per = "action" if isinstance(env.action_space, gym.spaces.Discrete) else "value of each element"
-            raise ShoalError(f"{name}'s action mask has {width} entries, where its action space {env.action_space} "
-                             f"needs {choices} (one per {per})")
+            if (width := int(np.prod(mask_space.shape))) != choices:
+                per = "action" if isinstance(env.action_space, gym.spaces.Discrete) else "value of each element"
+                raise ShoalError(f"{name}'s action mask has {width} entries, where its action space "
+                                 f"{env.action_space} needs {choices} (one per {per})")
         r = self.rest_space
         if isinstance(r, gym.spaces.Box) and r.dtype == np.uint8 and len(r.shape) in (2, 3):  # policy.is_image
             raise ShoalError(f"{name} gives an action mask with image observations ({self.rest_space}): masked "
                              "policies take vector observations")
         flat = gym.spaces.flatten_space(self.rest_space)
-        self.observation_space = MaskedBox(np.concatenate([flat.low.reshape(-1), np.zeros(width)]).astype(np.float32),
-                                           np.concatenate([flat.high.reshape(-1), np.ones(width)]).astype(np.float32),
-                                           width)
+        self.observation_space = MaskedBox(np.concatenate([flat.low.reshape(-1), np.zeros(choices)]).astype(np.float32),
+                                           np.concatenate([flat.high.reshape(-1), np.ones(choices)]).astype(np.float32),
+                                           choices)
 
     def observation(self, observation: Any) -> np.ndarray:
-        if self.from_dict:
-            return flatten_masked(self.env.observation_space, observation)
+        if self.from_dict:  # the layout was worked out once, not per step
+            return flatten_masked(self.rest_space, self.rest_keys, observation)
         mask = np.asarray(self.env.get_wrapper_attr("action_masks")())
         if mask.size != self.observation_space.mask_dim:
             raise ShoalError(f"{self.name}'s action_masks() gave {mask.size} entries, where its action space "
@@ -287,19 +282,19 @@ class ActionMaskObservation(gym.ObservationWrapper):
         return masked_observation(self.rest_space, observation, mask)
 
 
-def mask_layout(space: gym.spaces.Dict) -> gym.Space:
+def mask_layout(space: gym.spaces.Dict) -> tuple[gym.Space, list[str]]:
     """What a Dict observation space holds besides its ``action_mask``: its only other entry's
-    space, or a Dict of the others."""
+    space, or a Dict of the others; and their keys."""
     rest = {k: s for k, s in space.spaces.items() if k != "action_mask"}
-    return next(iter(rest.values())) if len(rest) == 1 else gym.spaces.Dict(rest)
+    return (next(iter(rest.values())) if len(rest) == 1 else gym.spaces.Dict(rest)), list(rest)
 
 
-def flatten_masked(space: gym.spaces.Dict, obs: dict[str, Any]) -> np.ndarray:
-    """One observation of a Dict ``space`` with an ``action_mask`` entry as the flat vector of a
-    :class:`MaskedBox` (what :class:`ActionMaskObservation` makes of it)."""
-    rest = [k for k in space.spaces if k != "action_mask"]
-    return masked_observation(mask_layout(space), obs[rest[0]] if len(rest) == 1 else {k: obs[k] for k in rest},
-                              obs["action_mask"])
+def flatten_masked(rest_space: gym.Space, rest_keys: list[str], obs: dict[str, Any]) -> np.ndarray:
+    """One Dict observation with an ``action_mask`` entry as the flat vector of a
+    :class:`MaskedBox` (what :class:`ActionMaskObservation` makes of it), for the layout
+    :func:`mask_layout` gives of its space."""
+    rest = obs[rest_keys[0]] if len(rest_keys) == 1 else {k: obs[k] for k in rest_keys}
+    return masked_observation(rest_space, rest, obs["action_mask"])
 
 
 def masked_observation(space: gym.Space, obs: Any, mask: Any) -> np.ndarray:

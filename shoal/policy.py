@@ -678,9 +678,10 @@ class Policy:
             return one_hot(raw, obs, own)
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
         if k and isinstance(raw, gym.spaces.Dict) and "action_mask" in raw.spaces:
-            from shoal.envs import flatten_masked
+            from shoal.envs import flatten_masked, mask_layout
 
-            flat = lambda o: flatten_masked(raw, o)  # noqa: E731
+            layout = mask_layout(raw)
+            flat = lambda o: flatten_masked(*layout, o)  # noqa: E731
         try:
             if raw.contains(obs):
                 return flat(obs)

@@ -110,16 +110,17 @@ class QNetwork(PolicyModule):
         q = self(obs).gather(-1, actions.long()[:, None]).squeeze(-1)
         return (rewards + discounts * self.legal_q(next_obs).max(-1).values - q).abs()
 
-    def legal_q(self, x: Tensor, q: Tensor | None = None) -> Tensor:
+    def legal_q(self, x: Tensor, q: Tensor | None = None, legal: Tensor | None = None) -> Tensor:
         """Q-values [N, actions] of network inputs ``x`` (or ``q``, computed for them), the
-        illegal actions' set to the smallest float (never the max): as they are without a mask."""
+        illegal actions' (``legal``, or :meth:`legal` of ``x``) set to the smallest float (never
+        the max): as they are without a mask."""
         q = self(x) if q is None else q
-        legal = self.legal(x)
+        legal = self.legal(x) if legal is None else legal
         return q if legal is None else q.masked_fill(~legal, torch.finfo(q.dtype).min)
 
     def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
-        greedy = self.legal_q(x).argmax(-1)
         n, legal = x.shape[0], self.legal(x)
+        greedy = self.legal_q(x, legal=legal).argmax(-1)
         random = (torch.randint(0, self.action_dim, (n,), generator=generator) if legal is None
                   else torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1))
         explore = torch.rand(n, generator=generator) < epsilon
@@ -166,8 +167,9 @@ class DQNLearner(OffPolicyLearner):
         q = self.policy(b.obs).gather(-1, b.actions[:, None]).squeeze(-1)
         with torch.no_grad():
             m = self.policy
-            target = td_targets(b.rewards, b.discounts, m.legal_q(b.next_obs, self.target(b.next_obs)),
-                                m.legal_q(b.next_obs) if c.double else None)
+            legal = m.legal(b.next_obs)
+            target = td_targets(b.rewards, b.discounts, m.legal_q(b.next_obs, self.target(b.next_obs), legal),
+                                m.legal_q(b.next_obs, legal=legal) if c.double else None)
         loss = (b.weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -103,21 +103,23 @@ class CategoricalActor(PolicyModule):
         self.logits = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
-    def _logits(self, x: Tensor) -> Tensor:
-        """Logits [N, actions], the illegal actions' the smallest float (probability 0)."""
-        out, legal = self.logits(x), self.legal(x)
+    def _logits(self, x: Tensor, legal: Tensor | None) -> Tensor:
+        """Logits [N, actions], the illegal actions' (``legal``: :meth:`legal` of ``x``) the
+        smallest float (probability 0)."""
+        out = self.logits(x)
         return out if legal is None else out.masked_fill(~legal, torch.finfo(out.dtype).min)
 
     def log_probs(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """log pi(a|s) and pi(a|s) [N, actions] for every action. With an action mask an illegal
         action's probability is 0 and its log-probability is given as 0, so that p log p and
         p Q are 0 there (not 0 times a number past the float range, or its gradient)."""
-        logp = F.log_softmax(self._logits(x), dim=-1)
-        p, legal = logp.exp(), self.legal(x)
-        return (logp if legal is None else logp.masked_fill(~legal, 0.0)), p
+        legal = self.legal(x)
+        logp = F.log_softmax(self._logits(x, legal), dim=-1)
+        return (logp if legal is None else logp.masked_fill(~legal, 0.0)), logp.exp()
 
     def _sample(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        return torch.multinomial(F.softmax(self._logits(x), dim=-1), 1, generator=generator).squeeze(-1)
+        probs = F.softmax(self._logits(x, self.legal(x)), dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         if self.random_actions:
@@ -128,7 +130,7 @@ class CategoricalActor(PolicyModule):
         return self._sample(x, generator), torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self._logits(x).argmax(-1) if deterministic else self._sample(x, generator)
+        return self._logits(x, self.legal(x)).argmax(-1) if deterministic else self._sample(x, generator)
 
 
 def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
