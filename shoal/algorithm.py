@@ -18,7 +18,7 @@ from shoal import checkpoint as ckpt
 from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
-from shoal.envs import all_spaces, describe_space, space_from_description
+from shoal.envs import all_spaces, describe_space, policy_misfit, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
@@ -354,6 +354,7 @@ class Algorithm:
         if meta["algo"] != self.spec.name:
             raise ShoalError(f"checkpoint {path} is from algorithm {meta['algo']!r}, not {self.spec.name!r}")
         self._check_network_fits(path)
+        self._check_spaces(path)
         state = ckpt.read_state(path)
         self.backend.get(self.learner.call("set_state", state["learner"]))
         if "replay" in state["learner"] and state["learner"]["replay"] is None:
@@ -381,6 +382,16 @@ class Algorithm:
             self.runner_health = faults["runner_health"]
             if len(faults["incarnations"]) == len(self.incarnations):
                 self.incarnations = faults["incarnations"]
+
+    def _check_spaces(self, path: Path) -> None:
+        """Refuse a checkpoint written for other observations or actions than the env's now, though
+        its network has the shapes these settings build: it would act on inputs laid out otherwise (a checkpoint written
+        before shoal read an env's action mask, say, which it then flattened as one more entry)."""
+        payload = ckpt.read_policy(path)
+        saved = (space_from_description(payload["obs_space"]), space_from_description(payload["action_space"]))
+        misfit = policy_misfit(saved, (self.obs_space, self.action_space))
+        if misfit:
+            raise ShoalError(f"checkpoint {path} does not fit {self.config.env}: {misfit}")
 
     def _check_network_fits(self, path: Path) -> None:
         """Refuse, in one line and before any role loads it, a checkpoint whose network these

@@ -201,7 +201,7 @@ class EvalArgs:
 def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
-    from shoal.envs import is_remote, make_vector_env
+    from shoal.envs import env_spaces, is_remote, make_vector_env, policy_misfit
     from shoal.evaluator import record_episodes, run_episodes
 
     from shoal.config import parse_set
@@ -221,15 +221,11 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         env_kwargs = parse_set(list(args.env_kwargs), "--env-kwargs")
     else:
         env_kwargs = run_kwargs if env_id == getattr(policy.config, "env", env_id) else {}
-    if args.env or env_kwargs != run_kwargs:
-        from shoal.envs import env_spaces
-
-        spaces = env_spaces(env_id, env_kwargs)
-        if spaces != (policy.observation_space, policy.action_space):
-            raise ShoalError(f"{env_id} has observations {spaces[0]} and actions {spaces[1]}; the policy takes "
-                             f"{policy.observation_space} and gives {policy.action_space}")
     if args.video and is_remote(env_id):
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
+    misfit = policy_misfit((policy.observation_space, policy.action_space), env_spaces(env_id, env_kwargs))
+    if misfit:
+        raise ShoalError(f"checkpoint {path} does not fit {env_id}: {misfit}")
     deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
     if args.video:  # the statistics of the recorded episodes themselves: one pass, not two

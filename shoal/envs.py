@@ -479,6 +479,23 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     raise ShoalError(f"unsupported space {space}: shoal handles Box, Discrete, MultiDiscrete and MultiBinary spaces")
 
 
+def policy_misfit(policy_spaces: tuple[gym.Space, gym.Space], env_spaces: tuple[gym.Space, gym.Space]) -> str | None:
+    """Why a policy taking ``policy_spaces`` (observations, actions) cannot act in an env giving
+    ``env_spaces``; None when it can. Observations must agree in type, shape, dtype and action
+    mask (their bounds the policy never reads: a Gymnasium release that widens them changes
+    nothing); actions in their bounds too, which the policy clips to."""
+
+    def layout(space: gym.Space) -> dict[str, Any]:
+        desc = describe_space(space)
+        return {k: v for k, v in desc.items() if k not in ("low", "high")}
+
+    (p_obs, p_act), (e_obs, e_act) = policy_spaces, env_spaces
+    if layout(p_obs) != layout(e_obs) or describe_space(p_act) != describe_space(e_act):
+        return (f"the env gives observations {e_obs} and takes actions {e_act}; the policy takes {p_obs} "
+                f"and gives {p_act}")
+    return None
+
+
 def space_from_description(desc: dict[str, Any]) -> gym.Space:
     """Inverse of :func:`describe_space`."""
     if desc["type"] == "discrete":

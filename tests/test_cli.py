@@ -107,7 +107,7 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
     code, out, _ = run_cli(capsys, "eval", str(run), "--episodes", "50", "--env-kwargs", "is_slippery=true")
     assert code == 0 and float(out.split("return ")[1].split()[0]) < 0.5
     code, _, err = run_cli(capsys, "eval", str(run), "--env-kwargs", "map_name=8x8")
-    assert code == 2 and "FrozenLake-v1 has observations Box(0.0, 1.0, (64,), float32)" in err
+    assert code == 2 and "does not fit FrozenLake-v1: the env gives observations Box(0.0, 1.0, (64,), float32)" in err
 
 
 def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):

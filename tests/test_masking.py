@@ -397,3 +397,29 @@ def test_ppo_learns_taxi_with_its_action_mask(tmp_path):
         assert client.act(flat)[0] == policy.act(state, action_mask=info["action_mask"])
     finally:
         server.stop(grace=0)
+
+
+def test_a_checkpoint_written_before_the_mask_was_read_is_refused_by_resume_and_eval(tmp_path, capsys):
+    """A checkpoint of the gates from before shoal read masks took the Dict flattened whole (the
+    mask among the entries, 10 of them): a network of the same shape, fed another layout. Resume
+    and ``shoal eval`` refuse it in one line, and leave the run as it was."""
+    from shoal import checkpoint as ckpt
+    from shoal.cli import main
+
+    run = tmp_path / "run"
+    summary = shoal.train(quick("ppo", total_steps=256), run_dir=run)
+    path = ckpt.resolve(summary["checkpoint"])
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    capsys.readouterr()
+    payload = ckpt.read_policy(path)
+    payload["obs_space"].pop("mask_dim")
+    torch.save(payload, path / ckpt.POLICY_FILE)
+    before = sorted(p.name for p in run.rglob("*"))
+    for argv in (["eval", str(run), "--episodes", "2"], ["train", "--resume", str(run), "--no-progress"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "does not fit GatesTest-v0: the env gives observations MaskedBox(5 observation entries, 5 action" in err
+        assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in run.rglob("*")) == before
+    with pytest.raises(ShoalError, match="does not fit GatesTest-v0"):
+        shoal.load(path)

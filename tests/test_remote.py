@@ -156,7 +156,7 @@ def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eva
     assert main(["eval", str(tmp_path / "flags"), "--env", "CartPole-v1", "--episodes", "2"]) == 0
     assert capsys.readouterr().out.startswith("CartPole-v1: return")
     assert main(["eval", str(tmp_path / "flags"), "--env", "Pendulum-v1"]) == 2
-    assert "Pendulum-v1 has observations" in capsys.readouterr().err
+    assert "does not fit Pendulum-v1: the env gives observations" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "flags"), "--video", str(tmp_path / "v")]) == 2
     assert "add --env ENV_ID" in capsys.readouterr().err
 
