@@ -94,6 +94,7 @@ commands:
   train ALGO --env ENV_ID [options]   train (see `shoal train ALGO --help` for every option)
   train --resume RUN_DIR              continue a run from its newest checkpoint
   eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic/--stochastic)
+  export RUN_DIR_OR_CHECKPOINT        write the policy as an ONNX model (--out FILE.onnx), for runtimes without Python
   plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time)
   serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
@@ -239,6 +240,36 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
                   f"over {episodes} ({mode}; length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")
+    return 0
+
+
+@dataclass(frozen=True)
+class ExportArgs:
+    """Write a trained policy's most likely actions as an ONNX model, for ONNX Runtime and other
+    runtimes without Python (the README's "Deployment without Python" says what it takes and
+    gives). The file is written once ONNX Runtime has given the policy's own actions on sample
+    observations."""
+
+    path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR_OR_CHECKPOINT")]
+    """A run directory (its newest checkpoint) or a checkpoint directory."""
+    out: str = "policy.onnx"
+    """The file to write."""
+
+
+def cmd_export(argv: list[str], console: Console) -> int:
+    from shoal import checkpoint as ckpt
+    from shoal.algorithm import load_policy
+
+    args = _parse(ExportArgs, argv, "shoal export")
+    path = ckpt.resolve(args.path)
+    policy = load_policy(path)
+    report = policy.export_onnx(args.out)
+    show = lambda name, shape, dtype: f"{name} [N{''.join(f', {d}' for d in shape)}] {dtype}"  # noqa: E731
+    inputs, outputs = (", ".join(show(name, *spec) for name, spec in report[k].items()) for k in ("inputs", "outputs"))
+    console.print(f"wrote {report['path']} from checkpoint {path} (policy version {policy.version})\n"
+                  f"  takes {inputs}\n  gives {outputs}\n"
+                  f"  checked: ONNX Runtime gave the policy's own actions for {report['checked']} sample observations",
+                  highlight=False)
     return 0
 
 
@@ -456,7 +487,7 @@ def _serve(server: Any, console: Console, what: str) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
+COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval, "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
 
 
 def main(argv: list[str] | None = None) -> int:

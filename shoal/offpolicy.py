@@ -170,9 +170,9 @@ class ScaledActions(PolicyModule):
         self.register_buffer("high", torch.tensor(action_space.high.reshape(-1), dtype=torch.float32))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
-    def to_env(self, actions: Tensor) -> np.ndarray:
+    def env_actions(self, actions: Tensor) -> Tensor:
         scaled = self.low + (actions.clamp(-1, 1) + 1) * 0.5 * (self.high - self.low)
-        return scaled.numpy().reshape(actions.shape[0], *self.action_space.shape)
+        return scaled.reshape(actions.shape[0], *self.action_space.shape)
 
     def uniform(self, n: int, generator: torch.Generator | None) -> Tensor:
         """Uniform random actions in [-1, 1]^d."""

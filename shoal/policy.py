@@ -7,6 +7,7 @@ rule travel together as one state dict. The learner (which owns optimisers) is s
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -291,18 +292,23 @@ class PolicyModule(nn.Module):
         return None
 
     def to_env(self, actions: Tensor) -> np.ndarray:
-        """Actions as the env takes them: a discrete action's index counted from its space's
-        ``start`` (Discrete(3, start=-1) takes -1, 0, 1; a MultiDiscrete's each element from its
-        own), in the space's shape and dtype, continuous ones clipped to the bounds."""
-        a = actions.numpy()
+        """Actions as the env takes them (:meth:`env_actions`), as a NumPy array."""
+        return self.env_actions(actions).numpy()
+
+    def env_actions(self, actions: Tensor) -> Tensor:
+        """Actions [N, ...] of :meth:`act` or :meth:`explore` as the env takes them: a discrete
+        action's index counted from its space's ``start`` (Discrete(3, start=-1) takes -1, 0, 1; a
+        MultiDiscrete's each element from its own), in the space's shape and dtype, continuous
+        ones clipped to the bounds. Tensor operations only, so an exported policy ends with them."""
+        space = self.action_space
         if self.discrete:
-            return a.astype(np.int64) + int(self.action_space.start)
+            return actions.long() + int(space.start)
+        a = actions.reshape(actions.shape[0], *space.shape)
+        dtype = torch.from_numpy(np.zeros(0, space.dtype)).dtype
         if self.nvec is not None:  # [N, k] indices; a MultiDiscrete's own start per element, as for Discrete
-            a = a.reshape(a.shape[0], *self.action_space.shape)
-            start = getattr(self.action_space, "start", None)
-            return (a + start if start is not None else a).astype(self.action_space.dtype)
-        a = a.reshape(a.shape[0], *self.action_space.shape)
-        return np.clip(a, self.action_space.low, self.action_space.high)
+            start = getattr(space, "start", None)
+            return (a + torch.tensor(start) if start is not None else a).to(dtype)
+        return torch.clamp(a, torch.tensor(space.low), torch.tensor(space.high)).to(dtype)
 
 
 class ActorCritic(PolicyModule):
@@ -487,7 +493,19 @@ class ActorCritic(PolicyModule):
         """The most likely action, or a sample (with an explicit generator, so runs are
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
-        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
+        return self._choose(self.actor(self._split(self.features(x))[0]), self.legal(x), deterministic, generator)
+
+    def act_with_memory(self, x: Tensor, memory: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`act`'s most likely actions for a recurrent policy whose memory is given and
+        returned, not held: one step of the episodes whose LSTM state is ``memory`` (h, c) [N, 2 *
+        lstm_size] (zeros when they start); the actions and the new h and c (an exported policy)."""
+        h, c = self._lstm_step(self.encoder(x), memory)
+        return self._choose(self.actor(self._split(h)[0]), self.legal(x), True, None), h, c
+
+    def _choose(self, out: Tensor, legal: Tensor | None, deterministic: bool,
+                generator: torch.Generator | None) -> Tensor:
+        """Actions from the actor's outputs ``out`` and the legal actions: the most likely or a sample."""
+        out = self._logits(out, legal)
         if self.nvec is not None:
             logits = out
             if deterministic:
@@ -633,6 +651,13 @@ class Policy:
             obs = obs.copy()
             obs[..., -k:] = mask
         return obs
+
+    def export_onnx(self, path: str | Path) -> dict[str, Any]:
+        """Write this policy's most likely actions as an ONNX model at ``path``, checked against
+        :meth:`act` with ONNX Runtime first (see :mod:`shoal.export`; the ``export`` extra)."""
+        from shoal.export import export_onnx
+
+        return export_onnx(self, path)
 
     def reset(self, done: np.ndarray | None = None) -> None:
         """Forget a recurrent policy's memory: of every row, or of the rows where ``done`` [N] is
