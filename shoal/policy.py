@@ -495,12 +495,13 @@ class ActorCritic(PolicyModule):
         observation per request, Categorical's construction was a quarter of the time."""
         return self._choose(self.actor(self._split(self.features(x))[0]), self.legal(x), deterministic, generator)
 
-    def act_with_memory(self, x: Tensor, memory: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-        """:meth:`act`'s most likely actions for a recurrent policy whose memory is given and
-        returned, not held: one step of the episodes whose LSTM state is ``memory`` (h, c) [N, 2 *
-        lstm_size] (zeros when they start); the actions and the new h and c (an exported policy)."""
+    def act_with_memory(self, x: Tensor, memory: tuple[Tensor, Tensor], deterministic: bool = True,
+                        generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`act` for a recurrent policy whose memory is given and returned, not held: one
+        step of the episodes whose LSTM state is ``memory`` (h, c) [N, 2 * lstm_size] (zeros when
+        they start); the actions and the new h and c (an exported policy, the policy server)."""
         h, c = self._lstm_step(self.encoder(x), memory)
-        return self._choose(self.actor(self._split(h)[0]), self.legal(x), True, None), h, c
+        return self._choose(self.actor(self._split(h)[0]), self.legal(x), deterministic, generator), h, c
 
     def _choose(self, out: Tensor, legal: Tensor | None, deterministic: bool,
                 generator: torch.Generator | None) -> Tensor:
@@ -619,6 +620,36 @@ class Policy:
         sb3-contrib's ``predict(obs, action_masks=...)``), given with the observation alone or
         with the flat vector runners see (the observation, then the mask; ``action_mask`` then
         replaces its mask). An observation alone without ``action_mask`` allows every action."""
+        x, single = self._inputs(obs, action_mask)
+        actions = self.module.to_env(self.module.act(x, deterministic, generator))
+        return actions[0] if single else actions
+
+    @torch.no_grad()
+    def act_with_memory(self, obs: np.ndarray, memory: tuple[np.ndarray, np.ndarray] | None,
+                        deterministic: bool = True, generator: torch.Generator | None = None,
+                        action_mask: np.ndarray | None = None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """:meth:`act` for a recurrent policy, its memory held by the caller, not the policy: one
+        step of the episodes whose LSTM state is ``memory`` (h, c), each [N, 2 * lstm_size] ([2 *
+        lstm_size] for one observation; None, or rows of zeros, for episodes that start). Returns
+        the actions and the memory after them, for the episodes' next step. What the policy server
+        does for its clients, and what a caller stepping many independent episodes may do."""
+        if not self.module.recurrent:
+            raise ShoalError("this policy is feed-forward: it holds no memory (use act)")
+        x, single = self._inputs(obs, action_mask)
+        width = 2 * self.module.lstm_size
+        if memory is None:
+            memory = (np.zeros((len(x), width), np.float32),) * 2
+        hc = [np.asarray(m, np.float32) for m in memory]
+        if any(m.shape != ((width,) if single else (len(x), width)) for m in hc):
+            raise ShoalError(f"memory of shapes {[m.shape for m in hc]} for {len(x)} observation(s): this policy "
+                             f"takes h and c of {width} numbers per observation (2 x lstm_size)")
+        h, c = (torch.as_tensor(m.reshape(len(x), width)) for m in hc)
+        actions, h, c = self.module.act_with_memory(x, (h, c), deterministic, generator)
+        actions, h, c = self.module.to_env(actions), h.numpy(), c.numpy()
+        return (actions[0], (h[0], c[0])) if single else (actions, (h, c))
+
+    def _inputs(self, obs: Any, action_mask: np.ndarray | None) -> tuple[Tensor, bool]:
+        """Network inputs [N, ...] of one observation or a batch (see :meth:`act`), and whether it was one."""
         obs = self.flat_observations(obs)
         shape = self.observation_space.shape
         obs = np.asarray(obs, dtype=self.module.input_dtype)
@@ -630,9 +661,7 @@ class Policy:
         if not single and obs.shape[1:] != shape:
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape} "
                              f"or a batch of shape (N, {', '.join(map(str, shape))})")
-        batch = torch.as_tensor(obs[None] if single else obs)
-        actions = self.module.to_env(self.module.act(self.module.normalize(batch), deterministic, generator))
-        return actions[0] if single else actions
+        return self.module.normalize(torch.as_tensor(obs[None] if single else obs)), single
 
     def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:
         """Observations [N, width] or [width] with their mask in the last entries (see :meth:`act`)."""

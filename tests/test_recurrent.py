@@ -1,8 +1,10 @@
 """Recurrent policies (lstm_size): the learner replays exactly what the runners computed, memory
-carries across rollouts and resets at episode ends, a task that needs memory is learned, and
+carries across rollouts and resets at episode ends, a task that needs memory is learned (and played
+with the memory held by the caller: act_with_memory, the policy server), and
 what cannot carry a memory refuses in one line."""
 
 import copy
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -118,10 +120,81 @@ def test_ppo_with_an_lstm_learns_a_task_that_needs_memory(tmp_path):
             returns += r
             policy.reset(term | trunc)
         assert (returns == 1.0).all(), returns
-    with pytest.raises(ShoalError, match="recurrent"):
-        from shoal.remote.policyserver import PolicyServer
+    # the memory held by the caller: act_with_memory in Python, and the policy server's clients
+    play = lambda act, memory: recall_returns(env, act, memory)  # noqa: E731
+    assert (play(lambda obs, m: policy.act_with_memory(obs, m), None) == 1.0).all()
+    serve_a_recurrent_policy(summary["checkpoint"], env, play)
 
-        PolicyServer({"default": summary["checkpoint"]})
+
+def recall_returns(env, act, memory) -> np.ndarray:
+    """Returns of 6 Recall episodes played by ``act(obs, memory) -> (actions, memory)``, each
+    env's memory zeroed when its episode ends."""
+    obs, _ = env.reset(seed=2)
+    returns = np.zeros(6)
+    for _ in range(9):
+        actions, memory = act(obs, memory)
+        obs, r, term, trunc, _ = env.step(actions)
+        returns += r
+        memory = tuple(np.where((term | trunc)[:, None], 0.0, m) for m in memory)
+    return returns
+
+
+def serve_a_recurrent_policy(checkpoint, env, play) -> None:
+    """The policy server answers a recurrent policy's clients from the memory each sends: unary
+    calls, a stream, and several clients batched into one forward pass; a request without its
+    memory, or with a memory of the wrong shape, is refused with its reason, and the server goes on."""
+    import threading
+
+    import grpc
+
+    from shoal.remote.policyserver import PolicyClient, PolicyServer, initial_memory
+
+    server = PolicyServer({"default": checkpoint}, port=0, max_batch=8, max_wait_ms=20).start()
+    try:
+        client = PolicyClient(server.address)
+        info = client.describe()
+        assert info.lstm_size == 32
+        unary = lambda obs, m: (lambda a, _, m: (a, m))(*client.act_with_memory(obs, m))  # noqa: E731
+        assert (play(unary, initial_memory(info, 6)) == 1.0).all()
+        stream = client.stream()
+        streamed = lambda obs, m: (lambda a, _, m: (a, m))(*stream.act_with_memory(obs, m))  # noqa: E731
+        assert (play(streamed, initial_memory(info, 6)) == 1.0).all()
+        stream.close()
+        # clients of one observation each, at once: their rows share forward passes, each its own memory
+        envs = [gym.vector.SyncVectorEnv([lambda: Recall()], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+                for _ in range(6)]
+        results = [None] * 6
+
+        def one_client(i):
+            c = PolicyClient(server.address)
+            results[i] = recall_returns_of_one(envs[i], c, initial_memory(info), seed=i)
+
+        threads = [threading.Thread(target=one_client, args=(i,)) for i in range(6)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert results == [1.0] * 6, results
+        for memory, message in ((None, "this policy is recurrent (lstm_size 32): send its memory"),
+                                (initial_memory(info, 5), "lstm_h must have shape [6, 64] for these observations"),
+                                ((np.full((6, 64), np.nan, np.float32),) * 2, "lstm_h must be finite")):
+            with pytest.raises(shoal.ServerError, match=re.escape(message)) as e:
+                client.act_with_memory(np.zeros((6, 2), np.float32), memory)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.act_with_memory(np.zeros(2, np.float32), initial_memory(info))[2][0].shape == (64,)
+    finally:
+        server.stop(grace=0)
+
+
+def recall_returns_of_one(env, client, memory, seed: int) -> float:
+    """One Recall episode played by a policy server's client, one observation per request."""
+    obs, _ = env.reset(seed=seed)
+    total = 0.0
+    for _ in range(9):
+        action, _, memory = client.act_with_memory(obs[0], memory)
+        obs, r, term, trunc, _ = env.step(np.array([action]))
+        total += float(r[0])
+        if term[0] or trunc[0]:
+            break
+    return total
 
 
 def test_trpo_refuses_an_lstm():

@@ -55,12 +55,6 @@ class PolicyServer:
             raise ShoalError("name at least one run directory or checkpoint to serve")
         self.sources = {pid: Path(p) for pid, p in sources.items()}
         self.policies: dict[str, Policy] = {pid: _first_policy(p, follow) for pid, p in self.sources.items()}
-        for pid, policy in self.policies.items():
-            if policy.module.recurrent:
-                raise ShoalError(f"policy {pid} ({self.sources[pid]}) is recurrent (lstm_size "
-                                 f"{policy.config.lstm_size}), and the policy server answers each observation "
-                                 "on its own, with no memory of a client's episode: deploy it in Python with "
-                                 "shoal.load_policy, whose act() remembers")
         self.stores: dict[str, Any] = {}  # policy id -> the WeightStore actor of its running trainer
         self.unreachable: dict[str, int] = {}  # policy id -> mtime of a live.json that led nowhere
         self.default = next(iter(self.policies))
@@ -179,7 +173,8 @@ class PolicyServer:
         return pb.PolicyInfo(policy_id=req.policy_id or self.default, version=policy.version,
                              observation_space=encode_space(policy.observation_space),
                              action_space=encode_space(policy.action_space), policy_ids=sorted(self.policies),
-                             env_observation_space=encode_space(own) if own is not None else None)
+                             env_observation_space=encode_space(own) if own is not None else None,
+                             lstm_size=policy.module.lstm_size if policy.module.recurrent else 0)
 
     async def act(self, req: pb.ActRequest, context: Any) -> pb.ActReply:
         policy = self._policy(req.policy_id)
@@ -210,28 +205,71 @@ class PolicyServer:
             raise WireError("obs must be finite numbers")
         if policy.module.image and (obs.min() < 0 or obs.max() > 255):
             raise WireError("obs are images: their values must be in [0, 255]")
-        request = (policy, obs, req.deterministic)
+        request = (policy, obs, req.deterministic, _memory(policy, req, len(obs), single))
         if self.max_batch == 1:
-            [(actions, version)] = self._infer_batch([request])
+            [(actions, version, memory)] = self._infer_batch([request])
         else:
-            actions, version = await self.infer.acall(request)
-        return pb.ActReply(actions=encode(actions[0] if single else actions), version=version)
+            actions, version, memory = await self.infer.acall(request)
+        one = (lambda a: a[0]) if single else (lambda a: a)  # noqa: E731
+        reply = pb.ActReply(actions=encode(one(actions)), version=version)
+        if memory is not None:
+            reply.lstm_h.CopyFrom(encode(one(memory[0])))
+            reply.lstm_c.CopyFrom(encode(one(memory[1])))
+        return reply
 
-    def _infer_batch(self, requests: list[tuple[Policy, np.ndarray, bool]]) -> list[tuple[np.ndarray, int]]:
-        """One forward pass per (policy, mode) for every request gathered."""
+    def _infer_batch(self, requests: list[Request]) -> list[tuple[np.ndarray, int, Memory | None]]:
+        """One forward pass per (policy, mode) for every request gathered; a recurrent policy's
+        from the memories the requests carried, each row its own episode's."""
         groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
-        for i, (policy, _, deterministic) in enumerate(requests):
+        for i, (policy, _, deterministic, _) in enumerate(requests):
             groups[(id(policy), deterministic)].append(i)
         out: list[Any] = [None] * len(requests)
         for (_, deterministic), idx in groups.items():
             policy = requests[idx[0]][0]
             obs = np.concatenate([requests[i][1] for i in idx]).astype(policy.module.input_dtype, copy=False)
+            bounds = np.cumsum([0] + [len(requests[i][1]) for i in idx])
+            rows = [slice(bounds[k], bounds[k + 1]) for k in range(len(idx))]
+            if policy.module.recurrent:
+                memory = tuple(np.concatenate([requests[i][3][j] for i in idx]) for j in (0, 1))
+                actions, (h, c) = policy.act_with_memory(obs, memory, deterministic=deterministic)
+                for i, r in zip(idx, rows):
+                    out[i] = (np.asarray(actions[r]), policy.version, (h[r], c[r]))
+                continue
             with torch.no_grad():
                 actions = policy.act(obs, deterministic=deterministic)
-            bounds = np.cumsum([0] + [len(requests[i][1]) for i in idx])
-            for k, i in enumerate(idx):
-                out[i] = (np.asarray(actions[bounds[k]:bounds[k + 1]]), policy.version)
+            for i, r in zip(idx, rows):
+                out[i] = (np.asarray(actions[r]), policy.version, None)
         return out
+
+
+Memory = tuple[np.ndarray, np.ndarray]  # a recurrent policy's (h, c), [n, 2 * lstm_size] each
+Request = tuple[Policy, np.ndarray, bool, "Memory | None"]  # policy, observations [n, ...], deterministic, memory
+
+
+def _memory(policy: Policy, req: pb.ActRequest, n: int, single: bool) -> Memory | None:
+    """The memory a request carries for its ``n`` observations: (h, c) [n, 2 * lstm_size] for a
+    recurrent policy, which needs it; None for a feed-forward one, which takes none."""
+    given = req.HasField("lstm_h"), req.HasField("lstm_c")
+    module = policy.module
+    if not module.recurrent:
+        if any(given):
+            raise WireError("this policy is feed-forward: it takes no lstm_h or lstm_c")
+        return None
+    width = 2 * module.lstm_size
+    shape = [width] if single else [n, width]
+    if not all(given):
+        raise WireError(f"this policy is recurrent (lstm_size {module.lstm_size}): send its memory with the "
+                        f"observations, lstm_h and lstm_c, float32 {shape} each: zeros for episodes that start, "
+                        "then each reply's lstm_h and lstm_c")
+    memory = []
+    for name, array in (("lstm_h", req.lstm_h), ("lstm_c", req.lstm_c)):
+        m = decode(array)
+        if list(m.shape) != shape:
+            raise WireError(f"{name} must have shape {shape} for these observations, got {list(m.shape)}")
+        if m.dtype.kind != "f" or not np.all(np.isfinite(m)):
+            raise WireError(f"{name} must be finite float numbers")
+        memory.append(m.astype(np.float32, copy=False).reshape(n, width))
+    return memory[0], memory[1]
 
 
 def _first_policy(source: Path, follow: bool) -> Policy:
@@ -289,9 +327,17 @@ class PolicyClient:
                                                   response_deserializer=pb.PolicyInfo.FromString)
 
     def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
-        request = pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic)
+        return self.act_with_memory(obs, None, deterministic, policy_id)[:2]
+
+    def act_with_memory(self, obs: np.ndarray, memory: Memory | None, deterministic: bool = True,
+                        policy_id: str = "") -> tuple[np.ndarray, int, Memory | None]:
+        """:meth:`act` for a recurrent policy (``describe().lstm_size`` > 0), whose memory the
+        client holds: ``memory`` (h, c) is the previous reply's, or zeros [n, 2 * lstm_size] for
+        episodes that start (:func:`initial_memory`). Returns the actions, the policy version and
+        the memory for the episodes' next step."""
+        request = _request(obs, memory, deterministic, policy_id)
         reply = _call(self.address, lambda: self._act(request, timeout=self.timeout_s, metadata=self.metadata))
-        return np.array(decode(reply.actions)), reply.version
+        return _unpack(reply)
 
     def stream(self) -> "ActStream":
         """An ``ActStream`` call: ``act`` as here, many times over one call (cheaper per request)."""
@@ -303,6 +349,28 @@ class PolicyClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def initial_memory(info: pb.PolicyInfo, n: int | None = None) -> Memory:
+    """The memory (h, c) of episodes that start, for the policy ``info`` describes: zeros [n, 2 *
+    lstm_size] each ([2 * lstm_size] when ``n`` is None: one observation)."""
+    if not info.lstm_size:
+        raise ShoalError(f"policy {info.policy_id!r} is feed-forward: it takes no memory")
+    shape = (2 * info.lstm_size,) if n is None else (n, 2 * info.lstm_size)
+    return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+
+def _request(obs: np.ndarray, memory: Memory | None, deterministic: bool, policy_id: str) -> pb.ActRequest:
+    request = pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic)
+    if memory is not None:
+        request.lstm_h.CopyFrom(encode(np.asarray(memory[0], np.float32)))
+        request.lstm_c.CopyFrom(encode(np.asarray(memory[1], np.float32)))
+    return request
+
+
+def _unpack(reply: pb.ActReply) -> tuple[np.ndarray, int, Memory | None]:
+    memory = (np.array(decode(reply.lstm_h)), np.array(decode(reply.lstm_c))) if reply.HasField("lstm_h") else None
+    return np.array(decode(reply.actions)), reply.version, memory
 
 
 def _call(address: str, fn: Any) -> Any:
@@ -324,9 +392,14 @@ class ActStream:
         self.replies = call(iter(self.requests.get, None), metadata=metadata)
 
     def act(self, obs: np.ndarray, deterministic: bool = True, policy_id: str = "") -> tuple[np.ndarray, int]:
-        self.requests.put(pb.ActRequest(policy_id=policy_id, obs=encode(np.asarray(obs)), deterministic=deterministic))
+        return self.act_with_memory(obs, None, deterministic, policy_id)[:2]
+
+    def act_with_memory(self, obs: np.ndarray, memory: Memory | None, deterministic: bool = True,
+                        policy_id: str = "") -> tuple[np.ndarray, int, Memory | None]:
+        """:meth:`PolicyClient.act_with_memory` over this stream."""
+        self.requests.put(_request(obs, memory, deterministic, policy_id))
         reply = _call(self.address, lambda: next(self.replies))  # a failed request ends the stream
-        return np.array(decode(reply.actions)), reply.version
+        return _unpack(reply)
 
     def close(self) -> None:
         self.requests.put(None)

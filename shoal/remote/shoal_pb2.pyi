@@ -147,35 +147,45 @@ class PolicyRequest(_message.Message):
     def __init__(self, policy_id: _Optional[str] = ...) -> None: ...
 
 class PolicyInfo(_message.Message):
-    __slots__ = ("policy_id", "version", "observation_space", "action_space", "policy_ids", "env_observation_space")
+    __slots__ = ("policy_id", "version", "observation_space", "action_space", "policy_ids", "env_observation_space", "lstm_size")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPACE_FIELD_NUMBER: _ClassVar[int]
     POLICY_IDS_FIELD_NUMBER: _ClassVar[int]
     ENV_OBSERVATION_SPACE_FIELD_NUMBER: _ClassVar[int]
+    LSTM_SIZE_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     version: int
     observation_space: Space
     action_space: Space
     policy_ids: _containers.RepeatedScalarFieldContainer[str]
     env_observation_space: Space
-    def __init__(self, policy_id: _Optional[str] = ..., version: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., policy_ids: _Optional[_Iterable[str]] = ..., env_observation_space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
+    lstm_size: int
+    def __init__(self, policy_id: _Optional[str] = ..., version: _Optional[int] = ..., observation_space: _Optional[_Union[Space, _Mapping]] = ..., action_space: _Optional[_Union[Space, _Mapping]] = ..., policy_ids: _Optional[_Iterable[str]] = ..., env_observation_space: _Optional[_Union[Space, _Mapping]] = ..., lstm_size: _Optional[int] = ...) -> None: ...
 
 class ActRequest(_message.Message):
-    __slots__ = ("policy_id", "obs", "deterministic")
+    __slots__ = ("policy_id", "obs", "deterministic", "lstm_h", "lstm_c")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     OBS_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    LSTM_H_FIELD_NUMBER: _ClassVar[int]
+    LSTM_C_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     obs: Array
     deterministic: bool
-    def __init__(self, policy_id: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., deterministic: _Optional[bool] = ...) -> None: ...
+    lstm_h: Array
+    lstm_c: Array
+    def __init__(self, policy_id: _Optional[str] = ..., obs: _Optional[_Union[Array, _Mapping]] = ..., deterministic: _Optional[bool] = ..., lstm_h: _Optional[_Union[Array, _Mapping]] = ..., lstm_c: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
 
 class ActReply(_message.Message):
-    __slots__ = ("actions", "version")
+    __slots__ = ("actions", "version", "lstm_h", "lstm_c")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LSTM_H_FIELD_NUMBER: _ClassVar[int]
+    LSTM_C_FIELD_NUMBER: _ClassVar[int]
     actions: Array
     version: int
-    def __init__(self, actions: _Optional[_Union[Array, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
+    lstm_h: Array
+    lstm_c: Array
+    def __init__(self, actions: _Optional[_Union[Array, _Mapping]] = ..., version: _Optional[int] = ..., lstm_h: _Optional[_Union[Array, _Mapping]] = ..., lstm_c: _Optional[_Union[Array, _Mapping]] = ...) -> None: ...
