@@ -106,8 +106,7 @@ def export_onnx(policy: Policy, path: str | Path) -> dict[str, Any]:
     policy's own actions for sample observations. Returns the path, what the model takes and gives
     (``inputs`` and ``outputs``: name -> (shape after the batch, dtype)) and how many sample
     observations it was checked on."""
-    _needs("onnx"), _needs("onnxscript")
-    ort = _needs("onnxruntime")
+    ort = [_needs(name) for name in ("onnx", "onnxscript", "onnxruntime")][-1]
     module, path = policy.module, Path(path)
     if path.is_dir():
         raise ShoalError(f"{path} is a directory: name the .onnx file to write")

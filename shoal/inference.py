@@ -17,6 +17,8 @@ import torch
 from shoal.batching import batched
 from shoal.policy import set_up_torch, set_weights
 
+Memory = tuple[np.ndarray, np.ndarray]  # a recurrent policy's (h, c), [B, 2 * lstm_size] each
+
 
 class InferenceServer:
     """A policy copy following the WeightStore, answering batched ``explore`` requests."""
@@ -40,24 +42,33 @@ class InferenceServer:
             self.version, weights = got
             set_weights(self.policy, weights)
 
-    def explore(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def explore(self, obs: np.ndarray, memory: Memory | None = None) -> tuple[Any, ...]:
         """(network input, action, log-probability, version) for one runner's raw observations;
-        concurrent callers share a forward pass."""
-        return self._batched(obs)
+        concurrent callers share a forward pass. A recurrent policy's runner sends its envs'
+        memory (h, c) [B, 2 * lstm_size] too, and gets the memory after this step as a fifth item:
+        the server holds none, so runners' requests batch as feed-forward ones do."""
+        return self._batched((obs, memory))
 
     @torch.no_grad()
-    def _explore_batch(self, requests: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int]]:
-        """One forward pass for every runner's observations: (input, action, logp, version) each."""
+    def _explore_batch(self, requests: list[tuple[np.ndarray, Memory | None]]) -> list[tuple[Any, ...]]:
+        """One forward pass for every runner's observations: (input, action, logp, version) each,
+        and for a recurrent policy the memory after it, each row stepped from its own."""
         self._sync()
         m = self.policy
-        sizes = [len(r) for r in requests]
-        x = m.normalize(torch.as_tensor(np.concatenate(requests)))  # concatenate copies: writable
+        sizes = [len(obs) for obs, _ in requests]
+        x = m.normalize(torch.as_tensor(np.concatenate([obs for obs, _ in requests])))  # concatenate copies: writable
+        if m.recurrent:  # the acting path steps the module's memory: set to the runners', then read back
+            m.memory = tuple(torch.as_tensor(np.concatenate([mem[i] for _, mem in requests])) for i in (0, 1))
         a, logp = m.explore(x, self.generator)
         bounds = np.cumsum([0, *sizes])
         x, a, logp = x.numpy(), a.numpy(), logp.numpy()
         self.batches += 1
         self.requests += len(requests)
-        return [(x[lo:hi], a[lo:hi], logp[lo:hi], self.version) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        rows = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        if m.recurrent:
+            h, c = (t.numpy() for t in m.memory)
+            return [(x[r], a[r], logp[r], self.version, (h[r], c[r])) for r in rows]
+        return [(x[r], a[r], logp[r], self.version) for r in rows]
 
     @torch.no_grad()
     def normalize(self, obs: np.ndarray) -> np.ndarray:

@@ -63,9 +63,6 @@ class OnPolicyConfig(Config):
         super().__post_init__()
         _check(self.rollout_steps >= 1, "rollout_steps must be at least 1")
         _check(self.lstm_size >= 0, "lstm_size must be 0 (no LSTM) or a number of units")
-        _check(not (self.lstm_size and self.inference == "central"),
-               "--inference central cannot serve a recurrent policy (lstm_size): each env's memory lives "
-               "with the runner's policy copy")
         _check(self.lr > 0, "lr must be positive")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")

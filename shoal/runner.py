@@ -135,7 +135,11 @@ class EnvRunner:
             if m.mask_dim:
                 self._check_mask(self.obs, m.mask_dim)
             if central:  # one request per step; the server batches it with other runners'
-                xn_np, a_np, logp_np, version = self.inference.resolve(self.inference.call("explore", self.obs))
+                held = tuple(x.numpy() for x in m.memory) if m.recurrent else None  # the envs' memory: ours
+                xn_np, a_np, logp_np, version, *stepped = self.inference.resolve(
+                    self.inference.call("explore", self.obs, held))
+                if m.recurrent:
+                    m.memory = tuple(torch.tensor(x) for x in stepped[0])  # copies: Ray's arrays are read-only
                 versions.append(version)
                 a = torch.tensor(a_np)  # a copy: Ray hands back read-only arrays
                 obs[t], logp[t] = xn_np, logp_np

@@ -57,14 +57,18 @@ def test_episode_segments_lay_out_episodes_with_their_final_and_last_observation
     np.testing.assert_array_equal(first, [0, -1, 1, -1])
 
 
-def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny):
+@pytest.mark.parametrize("inference", ["local", "central"])
+def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny, inference):
     """Log-probabilities, values, bootstrap values: the learner's sequences, cut at episode ends,
-    started from the memory each rollout began with, give what the acting path gave."""
-    config = tiny(lstm_size=16, num_envs_per_runner=4, rollout_steps=64, minibatch_size=128)
+    started from the memory each rollout began with, give what the acting path gave. With
+    central inference the runner holds its envs' memory and the server steps it, each runner's
+    rows from their own."""
+    config = tiny(lstm_size=16, num_envs_per_runner=4, rollout_steps=64, minibatch_size=128, inference=inference)
     with shoal.make(config) as algo:
         learner, runner = algo.learner.obj, algo.runners[0].obj
         runner.sample(64)  # the next rollout starts mid-episode, with a memory
-        module = copy.deepcopy(runner.policy)
+        acting = algo.inference[0].obj.policy if inference == "central" else runner.policy  # who holds the weights
+        module = copy.deepcopy(acting)
         rollout = runner.sample(64)
         done = rollout.terminated | rollout.truncated
         assert done.sum() >= 4 and np.abs(rollout.memory[0]).sum() > 0
@@ -234,6 +238,11 @@ def test_appo_with_an_lstm_learns_a_task_that_needs_memory(tmp_path):
     assert shoal.train(config, run_dir=tmp_path)["best_eval_return"] == 1.0
 
 
-def test_central_inference_refuses_an_lstm(tiny):
-    with pytest.raises(ShoalError, match="cannot serve a recurrent policy"):
-        tiny(lstm_size=16, inference="central")
+def test_ppo_with_an_lstm_learns_recall_through_central_inference(tmp_path):
+    """The runners hold their envs' memories and send them with each step's observations; the
+    inference server steps them: Recall is learned as with local inference."""
+    config = shoal.PPOConfig(env="RecallTest-v0", lstm_size=32, inference="central", num_envs_per_runner=8,
+                             rollout_steps=32, minibatch_size=256, num_epochs=10, lr=1e-3, total_steps=16_384,
+                             eval_interval=2048, eval_episodes=20, stop_return=1.0, progress=False,
+                             tensorboard=False, seed=0)
+    assert shoal.train(config, run_dir=tmp_path)["best_eval_return"] == 1.0
