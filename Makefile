@@ -30,7 +30,7 @@ demo: install
 # --dist loadgroup keeps tests marked xdist_group on one worker: the Ray tests, so that one Ray
 # cluster runs at a time (pytest is pinned at 9.1.1 for it: pytest-xdist#1386).
 test: install-dev
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q --durations=15
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m slow

@@ -305,7 +305,7 @@ def test_a_runner_that_hangs_past_the_timeout_is_replaced(faulty_ray):
 @pytest.mark.xdist_group("ray")
 def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(faulty_ray, tmp_path):
     """--max-failures 1: the learner actor is killed at iteration 12; the roles are rebuilt from
-    the newest checkpoint and the run still solves CartPole. Without it, the run fails clearly,
+    the newest checkpoint and the run learns on (to 300 on CartPole). Without it, the run fails clearly,
     also when the runners are the first to find the learner gone (its weights died with it)."""
     import ray
 
@@ -328,11 +328,12 @@ def test_a_learner_that_dies_is_restarted_from_the_newest_checkpoint(faulty_ray,
         return kill
 
     # 512 steps an iteration: after the 12th come an evaluation and a checkpoint, which find it
+    # it learns on from the checkpoint: 300 (not a solve, to spare CI time; a random policy has ~22)
     config = cartpole(seed=5, env="CartPole-v1", backend="ray", num_env_runners=2, max_failures=1,
-                      checkpoint_interval=2048)
+                      checkpoint_interval=2048, stop_return=300)
     summary = shoal.train(config, run_dir=tmp_path, callback=kill_learner_at(12))
     assert killed and summary["failures"] == 1
-    assert summary["best_eval_return"] >= 475, summary
+    assert summary["best_eval_return"] >= 300 and summary["env_steps"] > killed[0], summary
     steps = [int(r.split(",")[1]) for r in (tmp_path / "progress.csv").read_text().splitlines()[1:]]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)  # the log continues from the checkpoint
 
