@@ -58,18 +58,21 @@ def test_ppo_solves_cartpole_on_ray_with_two_runners(ray_cluster, tmp_path):
         assert algo.evaluate(episodes=3)["eval/policy_version"] == algo.policy_version
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
-def test_apex_dqn_solves_cartpole_with_two_runners(ray_cluster, tmp_path, seed):
+@pytest.mark.parametrize("seed, target", [(0, 200), pytest.param(0, 475, marks=pytest.mark.slow),
+                                          pytest.param(1, 475, marks=pytest.mark.slow),
+                                          pytest.param(2, 475, marks=pytest.mark.slow)])
+def test_apex_dqn_learns_cartpole_with_two_runners(ray_cluster, tmp_path, seed, target):
     """Ape-X: runners keep sampling into 2 replay shards while the learner trains from them.
-    CI runs seed 0; seeds 1 and 2 are slow tests (`make test-slow`)."""
+    The solves (475: seed 0 at 26.6k steps, 110-214 s on two cores) are slow tests (`make
+    test-slow`); CI asserts 200 (seed 0 at 4k steps; a random policy scores ~22)."""
     from shoal.algos.dqn import DQNConfig
 
     config = build(DQNConfig, "dqn", env="CartPole-v1",
                    sets={"backend": "ray", "apex": True, "num_env_runners": 2, "num_replay_shards": 2,
                          "prioritized": True, "rollout_steps": 64, "torch_threads": 1, "seed": seed,
-                         "total_steps": 100_000, "stop_return": 475, "progress": False, "tensorboard": False})
+                         "total_steps": 100_000, "stop_return": target, "progress": False, "tensorboard": False})
     summary = shoal.train(config, run_dir=tmp_path)
-    assert summary["best_eval_return"] >= 475, summary
+    assert summary["best_eval_return"] >= target, summary
     rows = (tmp_path / "progress.csv").read_text().splitlines()
     assert "learner/policy_lag_mean" in rows[0]
 
