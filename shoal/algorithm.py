@@ -385,8 +385,9 @@ class Algorithm:
 
     def _check_spaces(self, path: Path) -> None:
         """Refuse a checkpoint written for other observations or actions than the env's now, though
-        its network has the shapes these settings build: it would act on inputs laid out otherwise (a checkpoint written
-        before shoal read an env's action mask, say, which it then flattened as one more entry)."""
+        its network has the shapes these settings build: it would act on inputs laid out otherwise
+        (a checkpoint written before shoal read an env's action mask, say, which it then flattened
+        as one more entry)."""
         payload = ckpt.read_policy(path)
         saved = (space_from_description(payload["obs_space"]), space_from_description(payload["action_space"]))
         misfit = policy_misfit(saved, (self.obs_space, self.action_space))

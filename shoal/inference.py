@@ -15,9 +15,7 @@ import numpy as np
 import torch
 
 from shoal.batching import batched
-from shoal.policy import set_up_torch, set_weights
-
-Memory = tuple[np.ndarray, np.ndarray]  # a recurrent policy's (h, c), [B, 2 * lstm_size] each
+from shoal.policy import Memory, set_up_torch, set_weights
 
 
 class InferenceServer:

@@ -21,6 +21,10 @@ from shoal.errors import ShoalError
 Weights = dict[str, np.ndarray]
 
 
+Memory = tuple[np.ndarray, np.ndarray]
+"""A recurrent policy's memory held outside it: (h, c), [N, 2 * lstm_size] float32 each."""
+
+
 class Moments(NamedTuple):
     """Count, mean and variance of a set of observations, mergeable across runners."""
 
@@ -625,9 +629,9 @@ class Policy:
         return actions[0] if single else actions
 
     @torch.no_grad()
-    def act_with_memory(self, obs: np.ndarray, memory: tuple[np.ndarray, np.ndarray] | None,
-                        deterministic: bool = True, generator: torch.Generator | None = None,
-                        action_mask: np.ndarray | None = None) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    def act_with_memory(self, obs: np.ndarray, memory: Memory | None, deterministic: bool = True,
+                        generator: torch.Generator | None = None,
+                        action_mask: np.ndarray | None = None) -> tuple[np.ndarray, Memory]:
         """:meth:`act` for a recurrent policy, its memory held by the caller, not the policy: one
         step of the episodes whose LSTM state is ``memory`` (h, c), each [N, 2 * lstm_size] ([2 *
         lstm_size] for one observation; None, or rows of zeros, for episodes that start). Returns

@@ -32,7 +32,7 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.batching import batched
 from shoal.errors import ShoalError
-from shoal.policy import ONE_HOT_SPACES, Policy, one_hot, set_weights
+from shoal.policy import ONE_HOT_SPACES, Memory, Policy, one_hot, set_weights
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import ServerError, client_token, open_channel
 from shoal.remote.server import DEFAULT_MAX_MESSAGE_BYTES, Abort, AioGrpcServer, log
@@ -242,8 +242,8 @@ class PolicyServer:
         return out
 
 
-Memory = tuple[np.ndarray, np.ndarray]  # a recurrent policy's (h, c), [n, 2 * lstm_size] each
-Request = tuple[Policy, np.ndarray, bool, "Memory | None"]  # policy, observations [n, ...], deterministic, memory
+Request = tuple[Policy, np.ndarray, bool, "Memory | None"]
+"""One request to :meth:`PolicyServer._infer_batch`: policy, observations [n, ...], deterministic, memory."""
 
 
 def _memory(policy: Policy, req: pb.ActRequest, n: int, single: bool) -> Memory | None:
