@@ -150,30 +150,22 @@ def export_onnx(policy: Policy, path: str | Path) -> dict[str, Any]:
 
 def _check(policy: Policy, session: Any) -> None:
     """Refuse a model whose actions ONNX Runtime computes otherwise than the policy does: on
-    sample observations, a recurrent policy over several steps of its memory."""
+    sample observations, a recurrent policy over several steps of its memory (held here, so a
+    deployed policy's own memory, mid-episode, is left as it was)."""
     module = policy.module
     steps = CHECKED_STEPS if module.recurrent else 1
     obs = sample_observations(policy, CHECKED_OBSERVATIONS * steps).reshape(steps, CHECKED_OBSERVATIONS,
                                                                               *policy.observation_space.shape)
-    memory = getattr(module, "memory", None)  # a deployed recurrent policy's, mid-episode: kept
-    policy.reset()
-    try:
-        _compare(policy, session, obs)
-    finally:
-        if module.recurrent:
-            module.memory = memory
-
-
-def _compare(policy: Policy, session: Any, obs: np.ndarray) -> None:
-    """:func:`_check` on the observations ``obs`` [steps, N, ...], from fresh memories."""
-    module = policy.module
-    h = c = np.zeros((obs.shape[1], 2 * getattr(module, "lstm_size", 0)), np.float32)
+    # each side carries its own memory from step to step, from zeros
+    ours = theirs = None
+    if module.recurrent:
+        ours = theirs = (np.zeros((CHECKED_OBSERVATIONS, 2 * module.lstm_size), np.float32),) * 2
     for step in obs:
-        want = policy.act(step, deterministic=True)
-        feed = {"obs": step, **({"lstm_h": h, "lstm_c": c} if module.recurrent else {})}
-        got, *memory = session.run(None, feed)
-        if module.recurrent:
-            h, c = memory
+        if ours is None:
+            want, (got,) = policy.act(step, deterministic=True), session.run(None, {"obs": step})
+        else:
+            want, ours = policy.act_with_memory(step, ours)
+            got, *theirs = session.run(None, {"obs": step, "lstm_h": theirs[0], "lstm_c": theirs[1]})
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ShoalError(f"the exported model gives actions of shape {got.shape} and dtype {got.dtype}; the "
                              f"policy {want.shape} and {want.dtype}")

@@ -237,6 +237,15 @@ class PolicyModule(nn.Module):
             self.encoder = ConvEncoder(self.input_shape)
             self.feature_dim = self.encoder.out_dim
         self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
+        # What env_actions adds, clips to and casts to, worked out once (not per env step); not in
+        # the state dict: they follow from the action space a checkpoint records.
+        self.env_dtype = torch.from_numpy(np.zeros(0, action_space.dtype)).dtype
+        if self.nvec is not None:  # MultiBinary has no start: 0
+            start = getattr(action_space, "start", np.zeros(action_space.shape, np.int64))
+            self.register_buffer("action_start", torch.tensor(start), persistent=False)
+        if not (self.discrete or self.nvec is not None):
+            self.register_buffer("action_low", torch.tensor(action_space.low), persistent=False)
+            self.register_buffer("action_high", torch.tensor(action_space.high), persistent=False)
         self.mask_dim = int(getattr(obs_space, "mask_dim", 0))
         if self.mask_dim:
             if not self.masks:
@@ -304,15 +313,12 @@ class PolicyModule(nn.Module):
         action's index counted from its space's ``start`` (Discrete(3, start=-1) takes -1, 0, 1; a
         MultiDiscrete's each element from its own), in the space's shape and dtype, continuous
         ones clipped to the bounds. Tensor operations only, so an exported policy ends with them."""
-        space = self.action_space
         if self.discrete:
-            return actions.long() + int(space.start)
-        a = actions.reshape(actions.shape[0], *space.shape)
-        dtype = torch.from_numpy(np.zeros(0, space.dtype)).dtype
+            return actions.long() + int(self.action_space.start)
+        a = actions.reshape(actions.shape[0], *self.action_space.shape)
         if self.nvec is not None:  # [N, k] indices; a MultiDiscrete's own start per element, as for Discrete
-            start = getattr(space, "start", None)
-            return (a + torch.tensor(start) if start is not None else a).to(dtype)
-        return torch.clamp(a, torch.tensor(space.low), torch.tensor(space.high)).to(dtype)
+            return (a + self.action_start).to(self.env_dtype)
+        return torch.clamp(a, self.action_low, self.action_high).to(self.env_dtype)
 
 
 class ActorCritic(PolicyModule):
