@@ -18,11 +18,11 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,robotics]'
 
 install-bench: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,bench]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,bench,robotics]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475

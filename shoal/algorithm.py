@@ -51,6 +51,10 @@ class Algorithm:
         except UnsupportedMasks:
             raise ShoalError(f"{self.spec.name} does not take action masks, which {config.env} gives: ppo, a2c, "
                              "trpo, impala, appo, dqn and sac (discrete actions) do") from None
+        if getattr(config, "her_goals", 0):  # not a goal env: one line here, not an actor's failure on Ray
+            from shoal.offpolicy import hindsight
+
+            hindsight(config)
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
         if config.inference == "central" and self.apex:

@@ -163,7 +163,8 @@ def cmd_train(argv: list[str], console: Console) -> int:
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:
     status = "[green]solved[/green]" if s["solved"] else "stopped at --stop-time-s" if s.get("timed_out") else "done"
-    console.print(f"{status}: eval return {s['eval_return_mean']:.1f} ± {s['eval_return_std']:.1f} "
+    success = f" (success {s['eval_success_rate']:.0%})" if s.get("eval_success_rate") is not None else ""
+    console.print(f"{status}: eval return {s['eval_return_mean']:.1f} ± {s['eval_return_std']:.1f}{success} "
                   f"after {s['env_steps']:,} env steps in {s['elapsed_s']:.1f} s "
                   f"(best {s['best_eval_return']:.1f})")
     console.print(f"run directory: {s['run_dir']}")
@@ -237,8 +238,9 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         envs = make_vector_env(env_id, args.episodes, env_kwargs)
         result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
+    success = f"success {result['eval/success_rate']:.0%}; " if "eval/success_rate" in result else ""
     console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
-                  f"over {episodes} ({mode}; length {result['eval/length_mean']:.1f}; "
+                  f"over {episodes} ({mode}; {success}length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")
     return 0
 

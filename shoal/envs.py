@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import io
 import os
 import sys
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+import shoal.goals  # noqa: F401  (registers BitFlipping-v0)
 import shoal.pomdp  # noqa: F401  (registers CartPoleNoVel-v1 and the other velocity-free envs)
 from shoal.errors import ShoalError
 
 
 # Env families shoal knows by their ids' prefix: the package that registers them (Gymnasium 1.x
 # no longer imports env packages itself), and the extra that installs it.
-ENV_PACKAGES = {"ALE/": ("ale_py", "atari"), "MiniGrid-": ("minigrid", "minigrid"), "BabyAI-": ("minigrid", "minigrid")}
+ENV_PACKAGES = {"ALE/": ("ale_py", "atari"), "MiniGrid-": ("minigrid", "minigrid"), "BabyAI-": ("minigrid", "minigrid"),
+                **{prefix: ("gymnasium_robotics", "robotics") for prefix in (
+                    "Fetch", "HandReach", "HandManipulate", "PointMaze_", "AntMaze_", "AdroitHand", "FrankaKitchen")}}
 
 
 def _import_env_package(env_id: str) -> None:
     """Import the package of a known env family, so that it registers its envs."""
     for prefix, (module, extra) in ENV_PACKAGES.items():
         if env_id.startswith(prefix):
+            # gymnasium_robotics prints a notice about envs shoal does not use on every import
+            quiet = contextlib.redirect_stderr(io.StringIO()) if module == "gymnasium_robotics" else contextlib.nullcontext()
             try:
-                package = importlib.import_module(module)
+                with quiet:
+                    package = importlib.import_module(module)
             except ImportError:
                 raise ShoalError(f"unknown environment {env_id!r}: its envs need the {module} package "
                                  f"(`pip install 'shoal[{extra}]'`)") from None
@@ -92,7 +101,7 @@ def check_env_id(env_id: str) -> None:
 
 # Registrations that every process makes by itself: Gymnasium's own (on import) and those of the
 # env packages shoal imports for their ids' prefixes.
-SELF_REGISTERED = ("gymnasium.", "ale_py", "minigrid", "shoal.")
+SELF_REGISTERED = ("gymnasium.", "ale_py", "minigrid", "gymnasium_robotics", "shoal.")
 
 
 def registered_here(env_id: str) -> Any:
@@ -191,7 +200,9 @@ def _made(env_id: str, **kwargs: Any) -> gym.Env:
     if isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
-        env = DtypeObservation(FlattenObservation(env), np.float32)
+        with warnings.catch_warnings():  # float64 bounds (Gymnasium-Robotics') become float32's, as meant
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+            env = DtypeObservation(FlattenObservation(env), np.float32)
     return env
 
 

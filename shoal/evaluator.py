@@ -30,27 +30,42 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
     episodes = episodes or copies
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
+    successes = np.zeros(episodes)  # info["is_success"] at each episode's end
+    reports = False  # whether the env says whether episodes succeed at all
     for first in range(0, episodes, copies):
         wanted = min(copies, episodes - first)
         obs, _ = env.reset(seed=seed + first)
         module.reset_memory(copies)
         running = np.arange(copies) < wanted
         ret, length = returns[first: first + wanted], lengths[first: first + wanted]  # views
+        success = successes[first: first + wanted]
         for _ in range(max_steps):
             if not running.any():
                 break
             a = module.act(module.normalize(torch.as_tensor(obs)), deterministic, generator)
-            obs, r, term, trunc, _ = env.step(module.to_env(a))
+            obs, r, term, trunc, info = env.step(module.to_env(a))
             ret += r[:wanted] * running[:wanted]
             length += running[:wanted]
+            ended = (running & (term | trunc))[:wanted]
+            final = info.get("final_info", info)  # shoal's vector envs reset an ended env in the same step
+            reports = reports or "is_success" in info or "is_success" in final
+            if ended.any() and "is_success" in final:
+                said = ended & final.get("_is_success", np.ones(copies, bool))[:wanted]
+                success[said] = np.asarray(final["is_success"], np.float64)[:wanted][said]
             running &= ~(term | trunc)
-    return episode_stats(returns, lengths)
+    return episode_stats(returns, lengths, successes if reports else None)
 
 
-def episode_stats(returns: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
-    """Mean and std of episode returns, mean length and count, as evaluations report them."""
-    return {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
-            "eval/length_mean": float(np.mean(lengths)), "eval/episodes": float(len(returns))}
+def episode_stats(returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray | None = None) -> dict[str, float]:
+    """Mean and std of episode returns, mean length and count, as evaluations report them; and
+    the success rate, given ``successes`` (1 or 0 per episode) from an env that says whether an
+    episode succeeded (``info["is_success"]``, as Gymnasium-Robotics' goal envs do and
+    stable-baselines3 reads; an episode cut at the step limit counts as a failure)."""
+    stats = {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
+             "eval/length_mean": float(np.mean(lengths)), "eval/episodes": float(len(returns))}
+    if successes is not None:
+        stats["eval/success_rate"] = float(np.mean(np.asarray(successes) > 0))
+    return stats
 
 
 @torch.no_grad()
@@ -77,16 +92,20 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
     paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
+    successes, reports = np.zeros(episodes), False
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         module.reset_memory(1)
         frames, done = [env.render()], False
         while not done and len(frames) <= max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
-            obs, r, term, trunc, _ = env.step(module.to_env(a)[0])
+            obs, r, term, trunc, info = env.step(module.to_env(a)[0])
             returns[i] += r
             frames.append(env.render())
             done = term or trunc
+            reports = reports or "is_success" in info
+            if done and "is_success" in info:
+                successes[i] = float(info["is_success"])
         lengths[i] = len(frames) - 1  # the first frame is the reset's
         path = out / f"{file_name(env_id)}-episode-{i}.mp4"
         tmp = path.with_suffix(".tmp.mp4")
@@ -100,7 +119,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         tmp.replace(path)
         paths.append(path)
     env.close()
-    return paths, episode_stats(returns, lengths)
+    return paths, episode_stats(returns, lengths, successes if reports else None)
 
 
 def write_mp4(path: str | Path, frames: list[np.ndarray], fps: float) -> None:

@@ -11,7 +11,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -25,6 +25,9 @@ from shoal.learner import Learner, UpdateResult
 from shoal.policy import PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
+
+if TYPE_CHECKING:
+    from shoal.hindsight import Hindsight
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,14 @@ class OffPolicyConfig(Config):
     """Replay shards (actors on the ray backend) in Ape-X mode; runner i inserts into shard i % shards."""
     updates_per_call: int = 50
     """Ape-X: gradient updates per learner call before it publishes new weights."""
+    her_goals: int = 0
+    """Hindsight Experience Replay (Andrychowicz et al. 2017) for goal envs (Gymnasium-Robotics'
+    GoalEnv interface): each finished episode's transitions are stored again this many times,
+    each with a goal the episode achieved as its goal, and the reward the env's compute_reward
+    gives for it (the paper's k, 4 in its experiments; 0: off). buffer_size counts the copies."""
+    her_strategy: Literal["future", "final", "episode"] = "future"
+    """The goals --her-goals substitutes: one achieved at that step or later in the episode
+    (future), at its last step (final), or at any of its steps (episode)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,6 +109,13 @@ class OffPolicyConfig(Config):
         _check(self.num_replay_shards >= 1 and self.updates_per_call >= 1,
                "num_replay_shards and updates_per_call must be at least 1")
         _check(self.num_replay_shards == 1 or self.apex, "--num-replay-shards needs --apex")
+        _check(self.her_goals >= 0, "her_goals must be 0 (off) or more")
+        if self.her_goals:
+            _check(self.n_step == 1, "--her-goals relabels one-step transitions: use --n-step 1")
+            _check(not self.apex, "--her-goals cannot be combined with --apex yet (Ape-X runners insert "
+                   "transitions, not whole episodes)")
+            _check(not self.env.startswith("remote://"), "--her-goals needs the env's compute_reward in the "
+                   "learner, and an env server does not send it: train on the env in-process")
 
     @property
     def steps_per_rollout(self) -> int:
@@ -202,6 +220,18 @@ def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym
     return args, kwargs
 
 
+def hindsight(config: OffPolicyConfig) -> Hindsight | None:
+    """--her-goals: the relabeller of the config's env (made here, for its compute_reward)."""
+    if not config.her_goals:
+        return None
+    from shoal.envs import make_env
+    from shoal.hindsight import Hindsight
+
+    return Hindsight.for_env(make_env(config.env, kwargs=config.env_kwargs), k=config.her_goals,
+                             strategy=config.her_strategy, gamma=config.gamma, clip_rewards=config.clip_rewards,
+                             seed=config.seed)
+
+
 class OffPolicyLearner(Learner):
     """Learns from replay: its own buffer, or the Ape-X replay shards it is given."""
 
@@ -210,7 +240,7 @@ class OffPolicyLearner(Learner):
         super().__init__(config, obs_space, action_space, store, policy_id)
         if replay_shards is None:
             args, kwargs = replay_args(config, obs_space, action_space)
-            replay_shards = [LocalHandle(ReplayBuffer(*args, **kwargs))]
+            replay_shards = [LocalHandle(ReplayBuffer(*args, **kwargs, hindsight=hindsight(config)))]
         # Ape-X fetches 8 batches per call to a remote shard. Synchronous runs with prioritised
         # replay fetch one, so that every batch is drawn after the previous priority update, as
         # in the paper's PER; with uniform replay the batches an update phase takes are drawn

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 import sys
 from collections import deque
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from shoal.runner import Rollout
+
+if TYPE_CHECKING:
+    from shoal.hindsight import Hindsight
 
 
 class Admission(NamedTuple):
@@ -121,6 +124,15 @@ class RateLimiter:
         return max(0, math.floor((self.spi * self.min_size + self.error_buffer - self._diff()) / self.spi))
 
 
+def successors(r: Rollout) -> np.ndarray:
+    """Each step's successor observation [T, B, *input_shape]: the next step's, or where an
+    episode ended, its true final observation."""
+    next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])
+    if len(r.final_idx):
+        next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
+    return next_obs
+
+
 class NStep:
     """Turns rollouts into n-step transitions, carrying each env's unfinished window across
     rollouts. The replay buffer owns one; an Ape-X runner owns one too, so it can compute its
@@ -131,12 +143,11 @@ class NStep:
         # Per (runner, env) stream: the last steps not yet long enough for an n-step transition.
         self.pending: dict[tuple[int, int], deque] = {}
 
-    def __call__(self, r: Rollout) -> tuple[np.ndarray, ...]:
-        """(obs, actions, rewards, next_obs, discounts) of the transitions this rollout completes."""
+    def __call__(self, r: Rollout, next_obs: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """(obs, actions, rewards, next_obs, discounts) of the transitions this rollout completes
+        (``next_obs``: :func:`successors` of ``r``, if the caller has them)."""
         T, B = r.rewards.shape
-        next_obs = np.concatenate([r.obs[1:], r.last_obs[None]])  # [T, B, *input_shape]
-        if len(r.final_idx):  # an ended episode's successor is its true final observation
-            next_obs[r.final_idx[:, 0], r.final_idx[:, 1]] = r.final_obs
+        next_obs = successors(r) if next_obs is None else next_obs
         if self.n_step == 1:
             return (r.obs.reshape(T * B, *r.obs.shape[2:]), r.actions.reshape(T * B, *r.actions.shape[2:]),
                     r.rewards.reshape(-1), next_obs.reshape(T * B, *r.obs.shape[2:]),
@@ -185,7 +196,8 @@ class ReplayBuffer:
                  action_dtype: Any, *,
                  gamma: float, n_step: int = 1, prioritized: bool = False, alpha: float = 0.6,
                  priority_eps: float = 1e-6, samples_per_insert: float | None = None,
-                 min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0):
+                 min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0,
+                 hindsight: Hindsight | None = None):
         self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
         self.obs = np.zeros((capacity, *obs_shape), obs_dtype)
         self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
@@ -200,6 +212,7 @@ class ReplayBuffer:
                                    error_buffer if error_buffer is not None else max(1.0, samples_per_insert or 1.0))
         self.rng = np.random.default_rng(seed)
         self.nstep = NStep(gamma, n_step)
+        self.hindsight = hindsight
 
     def __len__(self) -> int:
         return self.size
@@ -210,14 +223,20 @@ class ReplayBuffer:
 
     # -- inserting -------------------------------------------------------------------------
     def add_rollout(self, r: Rollout) -> int:
-        """Turn a rollout into n-step transitions and store them; returns how many were stored."""
-        return self.add(*self.nstep(r))
+        """Turn a rollout into n-step transitions and store them, with the hindsight copies of the
+        episodes it finishes; returns how many were stored."""
+        next_obs = successors(r)
+        n = self.add(*self.nstep(r, next_obs))
+        if self.hindsight is not None and (relabelled := self.hindsight(r, next_obs)) is not None:
+            n += self.add(*relabelled, counted=False)
+        return n
 
     def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
-            discounts: np.ndarray, priorities: np.ndarray | None = None) -> int:
+            discounts: np.ndarray, priorities: np.ndarray | None = None, counted: bool = True) -> int:
         """Store transitions; returns how many. Prioritised buffers give each its initial priority
         (|TD error| computed by the writer, as Ape-X's actors do) or, without one, the highest
-        priority seen, so that it is replayed at least once."""
+        priority seen, so that it is replayed at least once. Transitions not ``counted`` (hindsight
+        copies) leave the rate limiter as it was: updates per env step stay as configured."""
         n = len(rewards)
         idx = (self.pos + np.arange(n)) % self.capacity
         self.obs[idx], self.actions[idx], self.rewards[idx] = obs, actions, rewards
@@ -231,7 +250,7 @@ class ReplayBuffer:
                 self.tree.update(idx, p**self.alpha)
         self.pos = int((self.pos + n) % self.capacity)
         self.size = min(self.capacity, self.size + n)
-        self.limiter.inserts += n
+        self.limiter.inserts += n if counted else 0
         return n
 
     # -- sampling --------------------------------------------------------------------------
@@ -311,7 +330,8 @@ class ReplayBuffer:
                 "rewards": self.rewards[:n].copy(), "discounts": self.discounts[:n].copy(), "pos": self.pos,
                 "size": n, "tree": None if self.tree is None else self.tree.tree.copy(),
                 "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
-                "rng": self.rng.bit_generator.state, "pending": self.nstep.get_state()}
+                "rng": self.rng.bit_generator.state, "pending": self.nstep.get_state(),
+                "hindsight": None if self.hindsight is None else self.hindsight.get_state()}
 
     def reset_limiter(self) -> None:
         """Start the rate limiter's counts again (the contents were not restored)."""
@@ -328,6 +348,8 @@ class ReplayBuffer:
         self.limiter.inserts, self.limiter.samples = s["inserts"], s["samples"]
         self.rng.bit_generator.state = s["rng"]
         self.nstep.set_state(s["pending"])
+        if self.hindsight is not None and s.get("hindsight") is not None:
+            self.hindsight.set_state(s["hindsight"])
 
 
 class ShardedReplay:

@@ -159,6 +159,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     return {"run_dir": str(run.path), "env_steps": algo.env_steps, "iterations": algo.iteration,
             "elapsed_s": algo.elapsed_s, "eval_return_mean": evaluation["eval/return_mean"],
             "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
+            "eval_success_rate": evaluation.get("eval/success_rate"),
             "solved": solved, "timed_out": not solved and algo.env_steps < c.total_steps and out_of_time(),
             "checkpoint": str(last), "plot": str(plot)}
 

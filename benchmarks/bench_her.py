@@ -1,0 +1,93 @@
+"""SAC with hindsight goals on FetchReach: shoal vs stable-baselines3's SAC + HerReplayBuffer.
+
+Gymnasium-Robotics' FetchReach-v4 (MuJoCo): move the gripper to a goal; reward -1 on each of
+the 50 steps that end farther than 5 cm from it. Both sides use shoal's preset, which is
+rl-zoo's her.yml for FetchReach without its observation normalisation: SAC, 64x64 networks, two
+critics, lr 1e-3, gamma 0.95, batch 256, 1,000 random steps, one update per env step, automatic
+entropy tuning; 4 hindsight goals per transition with the `future` strategy. shoal stores the
+copies when an episode ends (the paper's Algorithm 1); SB3's HerReplayBuffer relabels the same
+share (4 in 5) when it samples. Two torch threads each, each run in a fresh process.
+
+Two figures, as ratios of shoal to SB3 measured in the same run:
+
+1. training throughput: env steps per wall second over ``--steps`` steps after the first 1,100
+   (sampling and updates, no evaluation);
+2. with ``--seeds``, time to a mean evaluation return of -5 (10 deterministic episodes every
+   2,000 steps on a 10-env vector env; every episode within reach of its goal for all but ~5
+   of its 50 steps), within 20k steps.
+
+    .venv/bin/python benchmarks/bench_her.py [--steps 3000] [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import gymnasium_robotics
+from common import main_against_peer, sb3_time_to, shoal_time_to
+
+gym.register_envs(gymnasium_robotics)
+
+ENV, TARGET, EVAL_EVERY, BUDGET, WARMUP = "FetchReach-v4", -5.0, 2000, 20_000, 1100
+
+
+def shoal_config(seed: int, total_steps: int, **sets):
+    import shoal
+
+    return shoal.make_config("sac", ENV, seed=seed, total_steps=total_steps, progress=False, tensorboard=False,
+                             torch_threads=2, **sets)
+
+
+def sb3_model(seed: int):
+    import torch
+    from stable_baselines3 import SAC, HerReplayBuffer
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.set_num_threads(2)
+    c = shoal_config(seed, BUDGET)
+    return SAC("MultiInputPolicy", make_vec_env(ENV, n_envs=1, seed=seed), learning_rate=c.lr, gamma=c.gamma,
+               batch_size=c.batch_size, buffer_size=c.buffer_size, learning_starts=c.learning_starts, tau=c.tau,
+               train_freq=1, gradient_steps=1, policy_kwargs={"net_arch": list(c.hidden_sizes)},
+               replay_buffer_class=HerReplayBuffer,
+               replay_buffer_kwargs={"n_sampled_goal": c.her_goals, "goal_selection_strategy": c.her_strategy},
+               seed=seed, device="cpu")
+
+
+def shoal_throughput(steps: int) -> float:
+    import shoal
+
+    with shoal.make(shoal_config(0, 10 * steps + WARMUP, eval_interval=0)) as algo:
+        while algo.env_steps < WARMUP:
+            algo.train()
+        start, first = time.perf_counter(), algo.env_steps
+        while algo.env_steps - first < steps:
+            algo.train()
+        return (algo.env_steps - first) / (time.perf_counter() - start)
+
+
+def sb3_throughput(steps: int) -> float:
+    model = sb3_model(0)
+    model.learn(WARMUP)
+    start, first = time.perf_counter(), model.num_timesteps
+    model.learn(steps, reset_num_timesteps=False)
+    return (model.num_timesteps - first) / (time.perf_counter() - start)
+
+
+def shoal_time(seed: int):
+    return shoal_time_to(shoal_config(seed, BUDGET, stop_return=TARGET, eval_interval=EVAL_EVERY,
+                                      eval_episodes=10), TARGET)
+
+
+def sb3_time(seed: int):
+    return sb3_time_to(lambda: sb3_model(seed), ENV, TARGET, seed, EVAL_EVERY, BUDGET)
+
+
+def main() -> None:
+    main_against_peer("her", __doc__.splitlines()[0], 3000, TARGET,
+                      {"shoal": shoal_throughput, "stable-baselines3": sb3_throughput},
+                      {"shoal": shoal_time, "stable-baselines3": sb3_time})
+
+
+if __name__ == "__main__":
+    main()
