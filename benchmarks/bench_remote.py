@@ -3,7 +3,9 @@
 1. CartPole-v1, 64 envs: steps/s through one env server (`shoal serve-env`, its own process)
    vs the same vector env in this process; random actions; p50/p99 round trip per batched step.
    Then the same comparison inside training: PPO (CartPole-v1 preset, 64 envs) env steps/s
-   over 10 iterations after a warm-up, envs through the server vs in this process.
+   over 10 iterations after a warm-up, envs through the server vs in this process. Where Node.js
+   is installed, the same for 64 CartPoles served by the Node.js simulator
+   (examples/node_env_server: CartPole-v1 in JavaScript behind grpc-js).
 2. Central inference: 32 concurrent clients, each an `ActStream` with one request in flight
    (32 requests always in flight), each asking for the action of one observation, against a
    policy server (`shoal serve-policy`, its own process) that batches them (--max-batch 32,
@@ -22,6 +24,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,11 +37,13 @@ import numpy as np
 from common import machine, save
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
+NODE_SERVER = (Path(__file__).parent.parent / "examples" / "node_env_server" / "server.js") if shutil.which("node") else None
 
 
-def start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    """Start a shoal server process on a free port; returns it and its address."""
-    proc = subprocess.Popen([SHOAL, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start(args: list[str], program: list[str] = [SHOAL]) -> tuple[subprocess.Popen, str]:
+    """Start a shoal server process (or ``program``'s) on a free port; returns it and its address."""
+    proc = subprocess.Popen([*program, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     line = proc.stdout.readline()
     if " on " not in line:
         proc.kill()
@@ -151,6 +156,24 @@ def main() -> None:
                             "p50_ms": ms(remote_lat, 50), "p99_ms": ms(remote_lat, 99),
                             "ppo_remote_steps_per_s": remote_training, "ppo_local_steps_per_s": local_training,
                             "ppo_ratio": remote_training / local_training}
+    if NODE_SERVER and shutil.which("npm"):
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_SERVER.parent, check=True, capture_output=True)
+        proc, address = start(["--num-envs", "64"], ["node", str(NODE_SERVER)])
+        try:
+            remote = RemoteVectorEnv(f"remote://{address}")
+            node_rate, node_lat = env_steps(remote, args.seconds)
+            remote.close()
+            node_training, _ = training_rate(env=f"remote://{address}", num_envs_per_runner=64)
+        finally:
+            proc.terminate()
+            proc.wait()
+        print(f"CartPole-v1 x 64 envs served by the Node.js simulator (examples/node_env_server): {node_rate:,.0f} "
+              f"steps/s, {node_rate / remote_rate:.2f}x the Python env server's; round trip p50 "
+              f"{ms(node_lat, 50):.2f} ms, p99 {ms(node_lat, 99):.2f} ms; PPO training on them {node_training:,.0f} "
+              f"env steps/s (on the Python env server {remote_training:,.0f})")
+        result["node_env_server"] = {"steps_per_s": node_rate, "vs_python_server": node_rate / remote_rate,
+                                     "p50_ms": ms(node_lat, 50), "p99_ms": ms(node_lat, 99),
+                                     "ppo_steps_per_s": node_training}
 
     import shoal
     from shoal.algos.ppo import PPOConfig

@@ -39,6 +39,41 @@ def user_module(tmp_path, monkeypatch, name: str, source: str):
     return path
 
 
+def raw_call(address, method, payload: bytes, token=None, timeout=5):
+    """Send arbitrary bytes to an EnvService method, as a hostile or buggy client could."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary(f"/shoal.v1.EnvService/{method}")
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        return call(payload, timeout=timeout, metadata=metadata)
+
+
+def status_of(fn):
+    """The status code and details of the grpc.RpcError that ``fn()`` raises."""
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    return e.value.code(), e.value.details()
+
+
+def npm_installed(directory):
+    """``directory``'s Node packages, installed once from its lock file. Tests on two xdist workers
+    may ask at once, and `npm ci` empties node_modules before it fills it, so a lock on the lock
+    file serialises the check and the install, and only a finished install counts (npm writes
+    node_modules/.package-lock.json at the end of an install)."""
+    import fcntl
+    import subprocess
+
+    with open(directory / "package-lock.json") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (directory / "node_modules" / ".package-lock.json").is_file():
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=directory, check=True, capture_output=True,
+                           timeout=300)
+    return directory
+
+
 def start_ray(**kwargs):
     """ray.init for a test module, tried twice: on a loaded 2-core machine a new cluster's GCS can
     miss Ray's start-up deadline once (seen while the other test worker saturated both cores)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -10,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import npm_installed
 
 from shoal.remote.envserver import EnvServer
 
@@ -21,16 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is
 
 @pytest.fixture(scope="module")
 def node_client():
-    """The client, its packages installed once. Both tests may start at once on two xdist workers
-    (they are in no xdist group), and `npm ci` empties node_modules before it fills it, so a
-    lock on the lock file serialises the check and the install, and only a finished install
-    counts (npm writes node_modules/.package-lock.json at the end of an install)."""
-    with open(CLIENT / "package-lock.json") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (CLIENT / "node_modules" / ".package-lock.json").is_file():
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CLIENT, check=True, capture_output=True,
-                           timeout=300)
-    return CLIENT / "client.js"
+    return npm_installed(CLIENT) / "client.js"
 
 
 def run(client, address, token, steps=200):

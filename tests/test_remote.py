@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
+from conftest import raw_call, status_of
 
 import shoal
 from shoal.errors import ShoalError
@@ -30,20 +31,6 @@ def servers():
     yield start
     for s in started:
         s.stop(grace=0)
-
-
-def raw_call(address, method, payload: bytes, token=None, timeout=5):
-    """Send arbitrary bytes to a method, as a hostile or buggy client could."""
-    with grpc.insecure_channel(address) as channel:
-        call = channel.unary_unary(f"/shoal.v1.EnvService/{method}")
-        metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        return call(payload, timeout=timeout, metadata=metadata)
-
-
-def status_of(fn):
-    with pytest.raises(grpc.RpcError) as e:
-        fn()
-    return e.value.code(), e.value.details()
 
 
 @pytest.mark.parametrize("space, good, bad", [
