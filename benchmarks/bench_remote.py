@@ -120,6 +120,23 @@ def training_rate(iterations: int = 10, **sets) -> tuple[float, dict]:
     return rate, stats
 
 
+def served(args: list[str], seconds: float, program: list[str] = [SHOAL]) -> tuple[float, np.ndarray, float]:
+    """An env server started with ``args``: its steps/s and latencies with random actions, and
+    PPO's training env steps/s on it."""
+    from shoal.remote.client import RemoteVectorEnv
+
+    proc, address = start(args, program)
+    try:
+        remote = RemoteVectorEnv(f"remote://{address}")
+        rate, lat = env_steps(remote, seconds)
+        remote.close()
+        training, _ = training_rate(env=f"remote://{address}", num_envs_per_runner=64)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return rate, lat, training
+
+
 def ms(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q) * 1000)
 
@@ -130,21 +147,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args()
     from shoal.envs import make_vector_env
-    from shoal.remote.client import RemoteVectorEnv
 
     print(f"machine: {machine()}")
     result: dict = {}
     local_rate, local_lat = env_steps(make_vector_env("CartPole-v1", 64), args.seconds)
     local_training, _ = training_rate(num_envs_per_runner=64)
-    proc, address = start(["serve-env", "CartPole-v1", "--num-envs", "64"])
-    try:
-        remote = RemoteVectorEnv(f"remote://{address}")
-        remote_rate, remote_lat = env_steps(remote, args.seconds)
-        remote.close()
-        remote_training, _ = training_rate(env=f"remote://{address}", num_envs_per_runner=64)
-    finally:
-        proc.terminate()
-        proc.wait()
+    remote_rate, remote_lat, remote_training = served(["serve-env", "CartPole-v1", "--num-envs", "64"], args.seconds)
     ratio = remote_rate / local_rate
     print(f"CartPole-v1 x 64 envs: remote {remote_rate:,.0f} steps/s, in-process {local_rate:,.0f} steps/s; "
           f"ratio {ratio:.2f} (target >= 0.5)")
@@ -158,15 +166,7 @@ def main() -> None:
                             "ppo_ratio": remote_training / local_training}
     if NODE_SERVER and shutil.which("npm"):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_SERVER.parent, check=True, capture_output=True)
-        proc, address = start(["--num-envs", "64"], ["node", str(NODE_SERVER)])
-        try:
-            remote = RemoteVectorEnv(f"remote://{address}")
-            node_rate, node_lat = env_steps(remote, args.seconds)
-            remote.close()
-            node_training, _ = training_rate(env=f"remote://{address}", num_envs_per_runner=64)
-        finally:
-            proc.terminate()
-            proc.wait()
+        node_rate, node_lat, node_training = served(["--num-envs", "64"], args.seconds, ["node", str(NODE_SERVER)])
         print(f"CartPole-v1 x 64 envs served by the Node.js simulator (examples/node_env_server): {node_rate:,.0f} "
               f"steps/s, {node_rate / remote_rate:.2f}x the Python env server's; round trip p50 "
               f"{ms(node_lat, 50):.2f} ms, p99 {ms(node_lat, 99):.2f} ms; PPO training on them {node_training:,.0f} "
