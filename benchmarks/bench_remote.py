@@ -5,7 +5,7 @@
    Then the same comparison inside training: PPO (CartPole-v1 preset, 64 envs) env steps/s
    over 10 iterations after a warm-up, envs through the server vs in this process. Where Node.js
    is installed, the same for 64 CartPoles served by the Node.js simulator
-   (examples/node_env_server: CartPole-v1 in JavaScript behind grpc-js).
+   (examples/node_simulator: CartPole-v1 in JavaScript behind grpc-js).
 2. Central inference: 32 concurrent clients, each an `ActStream` with one request in flight
    (32 requests always in flight), each asking for the action of one observation, against a
    policy server (`shoal serve-policy`, its own process) that batches them (--max-batch 32,
@@ -37,7 +37,7 @@ import numpy as np
 from common import machine, save
 
 SHOAL = str(Path(sys.executable).parent / "shoal")
-NODE_SERVER = (Path(__file__).parent.parent / "examples" / "node_env_server" / "server.js") if shutil.which("node") else None
+NODE_SERVER = (Path(__file__).parent.parent / "examples" / "node_simulator" / "server.js") if shutil.which("node") else None
 
 
 def start(args: list[str], program: list[str] = [SHOAL]) -> tuple[subprocess.Popen, str]:
@@ -167,11 +167,11 @@ def main() -> None:
     if NODE_SERVER and shutil.which("npm"):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_SERVER.parent, check=True, capture_output=True)
         node_rate, node_lat, node_training = served(["--num-envs", "64"], args.seconds, ["node", str(NODE_SERVER)])
-        print(f"CartPole-v1 x 64 envs served by the Node.js simulator (examples/node_env_server): {node_rate:,.0f} "
+        print(f"CartPole-v1 x 64 envs served by the Node.js simulator (examples/node_simulator): {node_rate:,.0f} "
               f"steps/s, {node_rate / remote_rate:.2f}x the Python env server's; round trip p50 "
               f"{ms(node_lat, 50):.2f} ms, p99 {ms(node_lat, 99):.2f} ms; PPO training on them {node_training:,.0f} "
               f"env steps/s (on the Python env server {remote_training:,.0f})")
-        result["node_env_server"] = {"steps_per_s": node_rate, "vs_python_server": node_rate / remote_rate,
+        result["node_simulator"] = {"steps_per_s": node_rate, "vs_python_server": node_rate / remote_rate,
                                      "p50_ms": ms(node_lat, 50), "p99_ms": ms(node_lat, 99),
                                      "ppo_steps_per_s": node_training}
 

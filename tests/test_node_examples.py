@@ -1,7 +1,7 @@
 """The Node.js examples, written from proto/shoal.proto alone: a client that drives shoal's env
-server (examples/node_env_client), and a simulator that serves EnvService itself
-(examples/node_env_server) for shoal to train on. The protocol is a contract that another
-language keeps, on either side."""
+server (examples/node_env_client), and a simulator (examples/node_simulator) that serves
+EnvService itself for shoal to train on, then plays with the trained policy through
+`shoal serve-policy`. The protocol is a contract that another language keeps, on either side."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import RemoteVectorEnv
 from shoal.remote.envserver import EnvServer
+from shoal.remote.policyserver import PolicyServer
 from shoal.remote.wire import encode
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -37,7 +38,7 @@ def node_client():
 
 @pytest.fixture(scope="module")
 def server_js():
-    return npm_installed(EXAMPLES / "node_env_server") / "server.js"
+    return npm_installed(EXAMPLES / "node_simulator") / "server.js"
 
 
 def run(client, address, token, steps=200):
@@ -171,7 +172,8 @@ def test_bad_requests_get_clear_statuses_and_the_node_server_keeps_serving(serve
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give it a token" in out.stderr
 
 
-def test_ppo_learns_cartpole_on_the_node_simulator_and_plays_gymnasiums(serve, tmp_path, capsys, monkeypatch):
+def test_ppo_learns_the_node_simulator_and_the_simulator_plays_with_the_served_policy(serve, server_js, tmp_path,
+                                                                                      capsys, monkeypatch):
     from shoal.algos.ppo import PPOConfig
     from shoal.cli import main
     from shoal.config import build
@@ -186,3 +188,17 @@ def test_ppo_learns_cartpole_on_the_node_simulator_and_plays_gymnasiums(serve, t
     assert main(["eval", str(tmp_path / "run"), "--env", "CartPole-v1", "--episodes", "5"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("CartPole-v1: return") and float(out.split("return")[1].split()[0]) >= 475, out
+    # and the simulator plays with it, asking `shoal serve-policy` for each step's action
+    server = PolicyServer({"default": tmp_path / "run"}, port=0, token=TOKEN).start()
+    try:
+        played = subprocess.run(["node", str(server_js.parent / "play.js"), server.address, "--episodes", "3"],
+                                capture_output=True, text=True, timeout=120, env={**os.environ, "SHOAL_TOKEN": TOKEN})
+        assert played.returncode == 0, played.stderr
+        result = json.loads(played.stdout)
+        assert result["episodes"] == 3 and result["mean_return"] >= 475, result
+        assert result["version"] == shoal.load_policy(tmp_path / "run").version
+        refused = subprocess.run(["node", str(server_js.parent / "play.js"), server.address], capture_output=True,
+                                 text=True, timeout=60, env={**os.environ, "SHOAL_TOKEN": "w" * 32})
+        assert refused.returncode == 1 and refused.stderr.strip() == "error: missing or wrong bearer token"
+    finally:
+        server.stop(grace=0)

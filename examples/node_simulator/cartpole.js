@@ -1,4 +1,5 @@
-// Gymnasium's CartPole-v1 written again in JavaScript: the simulator that server.js serves.
+// Gymnasium's CartPole-v1 written again in JavaScript: the simulator that server.js serves for
+// training and play.js drives with a trained policy.
 //
 // The dynamics, bounds, rewards and start states are those of gymnasium/envs/classic_control/
 // cartpole.py (Barto, Sutton and Anderson 1983, Euler integration), so a policy trained on
