@@ -59,16 +59,19 @@ def status_of(fn):
 
 
 def npm_installed(directory):
-    """``directory``'s Node packages, installed once from its lock file. Tests on two xdist workers
-    may ask at once, and `npm ci` empties node_modules before it fills it, so a lock on the lock
-    file serialises the check and the install, and only a finished install counts (npm writes
-    node_modules/.package-lock.json at the end of an install)."""
+    """``directory``'s Node packages, installed from its lock file once (again when the lock file
+    is newer than the install). Tests on two xdist workers may ask at once, and `npm ci` empties
+    node_modules before it fills it, so a lock on the lock file serialises the check and the
+    install, and only a finished install counts (npm writes node_modules/.package-lock.json at the
+    end of an install)."""
     import fcntl
     import subprocess
 
-    with open(directory / "package-lock.json") as lock:
+    wanted = directory / "package-lock.json"
+    with open(wanted) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (directory / "node_modules" / ".package-lock.json").is_file():
+        installed = directory / "node_modules" / ".package-lock.json"
+        if not installed.is_file() or installed.stat().st_mtime < wanted.stat().st_mtime:
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=directory, check=True, capture_output=True,
                            timeout=300)
     return directory

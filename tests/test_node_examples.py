@@ -166,6 +166,13 @@ def test_bad_requests_get_clear_statuses_and_the_node_server_keeps_serving(serve
     with pytest.raises(ShoalError, match="INVALID_ARGUMENT: actions out of bounds"):
         env.step(np.array([1, 5]))
     assert step(ok).rewards.shape == [2]
+    # the standard health service answers, without a token
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(addr) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="shoal.v1.EnvService"),
+                                                           timeout=5)
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
     # binding beyond loopback without a token is refused in one line
     out = subprocess.run(["node", str(server_js), "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True,
                          timeout=30, env={k: v for k, v in os.environ.items() if k != "SHOAL_TOKEN"})

@@ -14,7 +14,8 @@
 // SHOAL_TOKEN) checked on every call and required to bind beyond loopback; a message size limit;
 // malformed bytes, bad arrays and actions outside the action space get INVALID_ARGUMENT; unknown
 // sessions and env ids NOT_FOUND; a full server RESOURCE_EXHAUSTED; idle sessions (a client that
-// vanished) are closed. A bad request fails that call only: the server goes on serving.
+// vanished) are closed; the standard gRPC health service answers without a token. A bad request
+// fails that call only: the server goes on serving.
 'use strict';
 
 const crypto = require('crypto');
@@ -23,6 +24,7 @@ const net = require('net');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
+const { HealthImplementation } = require('grpc-health-check');
 const { CartPole, OBS_HIGH, ACTIONS } = require('./cartpole');
 
 const PROTO = path.join(__dirname, '..', '..', 'proto', 'shoal.proto');
@@ -265,6 +267,7 @@ function main() {
   const handlers = { StepStream: service.stream() };
   for (const name of ['Describe', 'Open', 'Reset', 'Step', 'Close']) handlers[name] = service.unary(name);
   server.addService(lenient(grpc.loadPackageDefinition(definition).shoal.v1.EnvService.service), handlers);
+  new HealthImplementation({ '': 'SERVING', 'shoal.v1.EnvService': 'SERVING' }).addToServer(server);  // no token
   const host = net.isIPv6(opts.host) ? `[${opts.host}]` : opts.host;
   server.bindAsync(`${host}:${opts.port}`, grpc.ServerCredentials.createInsecure(), (err, port) => {
     if (err) {
