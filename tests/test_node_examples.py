@@ -179,6 +179,32 @@ def test_bad_requests_get_clear_statuses_and_the_node_server_keeps_serving(serve
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "give it a token" in out.stderr
 
 
+def test_the_node_simulator_answers_1000_malformed_requests_with_clear_statuses_and_keeps_serving(serve):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_fuzz_server import EXPECTED, METHODS, payloads
+
+    addr = serve("--num-envs", "2", "--max-sessions", "4", "--max-message-mb", "0.0625", token=None)
+    session = pb.OpenReply.FromString(raw_call(addr, "Open", b"")).session
+    raw_call(addr, "Reset", pb.ResetRequest(session=session, seed=0).SerializeToString())
+    with grpc.insecure_channel(addr) as channel:
+        calls = {m: channel.unary_unary(f"/shoal.v1.EnvService/{m}") for m in METHODS}
+
+        @settings(max_examples=1_000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+        @given(method=st.sampled_from(METHODS), payload=payloads)
+        def fuzz(method, payload):
+            if method == "Close" and session.encode() in payload:
+                return  # closing the fuzzer's own session is a valid request
+            try:
+                calls[method](payload, timeout=5)
+            except grpc.RpcError as e:
+                assert e.code() in EXPECTED, (method, payload, e.code(), e.details())
+
+        fuzz()
+    step = pb.StepRequest(session=session, actions=encode(np.array([1, 0]))).SerializeToString()
+    assert pb.StepReply.FromString(raw_call(addr, "Step", step)).rewards.shape == [2]
+
+
 def test_ppo_learns_the_node_simulator_and_the_simulator_plays_with_the_served_policy(serve, server_js, tmp_path,
                                                                                       capsys, monkeypatch):
     from shoal.algos.ppo import PPOConfig
