@@ -81,6 +81,19 @@ def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budg
     assert summary["best_eval_return"] >= threshold, summary
 
 
+@pytest.mark.slow
+def test_td3_with_ornstein_uhlenbeck_noise_reaches_the_flag_of_mountain_car(tmp_path):
+    """The MountainCarContinuous-v0 preset (rl-zoo's: an Ornstein-Uhlenbeck process of sigma 0.5
+    explores), with 64x64 networks for time: the flag is worth 100, less the actions' cost, and a
+    policy that never finds it settles at ~0. Two minutes here, so with the slow tests; the
+    noise's own maths and its life in runners are tests/test_offpolicy.py's."""
+    config = offpolicy("td3", "MountainCarContinuous-v0", seed=0, stop_return=90, total_steps=60_000,
+                       hidden_sizes=(64, 64))
+    assert config.noise_type == "ornstein-uhlenbeck" and config.action_noise == 0.5
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 90, summary
+
+
 def onpolicy(algo, env, seed, **sets):
     return shoal.make_config(algo, env, seed=seed, progress=False, tensorboard=False, **sets)
 

@@ -11,6 +11,7 @@ import shoal
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.algos.td3 import DeterministicActor
+from shoal.errors import ConfigError
 from shoal.offpolicy import QCritics
 from shoal.replay import Transitions
 from shoal.weights import WeightStore
@@ -171,6 +172,52 @@ def test_actions_scale_to_the_bounds_and_exploration_starts_uniform():
     assert bool(actor.random_actions)  # until the learner says learning has started
     a, _ = actor.explore(torch.zeros(2000, 3), torch.Generator().manual_seed(0))
     assert a.min() < -0.95 and a.max() > 0.95 and abs(float(a.mean())) < 0.05
+
+
+def test_ornstein_uhlenbeck_noise_follows_its_recurrence_per_env_and_restarts_with_each_episode():
+    theta, dt, sigma = 0.15, 0.01, 0.5
+    actor = DeterministicActor(BOX, gym.spaces.Box(-1, 1, (2,)), (8,), "relu", sigma, ou=(theta, dt))
+    actor.random_actions.fill_(False)
+    actor.reset_memory(3)
+    x, draws, noise = torch.randn(3, 3), torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    expected, states = torch.zeros(3, 2), []
+    with torch.no_grad():
+        for t in range(3000):  # x_{t+1} = x_t - theta dt x_t + sigma sqrt(dt) N(0, 1), every env its own
+            a, _ = actor.explore(x, draws)
+            expected = expected - theta * dt * expected + sigma * dt ** 0.5 * torch.randn(3, 2, generator=noise)
+            torch.testing.assert_close(a, (actor(x) + expected).clamp(-1, 1))
+            states.append(actor.noise.clone())
+        gaussian = DeterministicActor(BOX, gym.spaces.Box(-1, 1, (2,)), (8,), "relu", sigma)
+        gaussian.random_actions.fill_(False)
+        steps = torch.stack([gaussian.explore(x, draws)[0] - gaussian(x) for _ in range(3000)])[:, 0, 0].numpy()
+    path = torch.stack(states)[:, 0, 0].numpy()
+    assert np.corrcoef(path[:-1], path[1:])[0, 1] > 0.99  # it keeps pushing one way
+    assert abs(np.corrcoef(steps[:-1], steps[1:])[0, 1]) < 0.1  # the normal noise: independent draws
+    actor.forget(np.array([False, True, False]))  # env 1's episode ended: its process starts again at 0
+    assert actor.noise[1].abs().sum() == 0 and actor.noise[0].abs().sum() > 0 and actor.noise[2].abs().sum() > 0
+    held = actor.noise.clone()  # a deployed policy's sampled actions leave the runners' processes alone
+    with torch.no_grad():
+        sampled = torch.stack([actor.act(x, False, draws) - actor(x) for _ in range(2000)])[:, 0, 0].numpy()
+    assert torch.equal(actor.noise, held) and abs(np.corrcoef(sampled[:-1], sampled[1:])[0, 1]) < 0.1
+    assert 0.3 < sampled.std() < 0.55  # sigma 0.5, one tail clipped at the bound
+
+
+def test_runners_hold_an_ornstein_uhlenbeck_process_per_env_from_zero_at_each_episode(tmp_path):
+    from shoal.algos.td3 import TD3Config
+    from shoal.runner import EnvRunner
+
+    config = TD3Config(env="Pendulum-v1", num_envs_per_runner=3, noise_type="ornstein-uhlenbeck", action_noise=0.5,
+                       learning_starts=0, progress=False, tensorboard=False)
+    store = WeightStore()
+    runner = EnvRunner(config, 0, store)
+    runner.policy.random_actions.fill_(False)
+    rollout = runner.sample(200)  # Pendulum's episodes end at 200 steps: every env's process restarts
+    assert runner.policy.noise.shape == (3, 1) and not runner.policy.noise.any()
+    assert rollout.truncated[-1].all()
+    runner.sample(5)
+    assert runner.policy.noise.abs().min() > 0
+    with pytest.raises(ConfigError, match="cannot be combined with --inference central"):
+        TD3Config(env="Pendulum-v1", noise_type="ornstein-uhlenbeck", inference="central")
 
 
 def test_epsilon_schedule():

@@ -5,10 +5,12 @@ learner with the three additions switched off.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -31,7 +33,18 @@ class TD3Config(OffPolicyConfig):
     lr: float = 1e-3
     """Adam learning rate of actor and critics."""
     action_noise: float = 0.1
-    """Std of the Gaussian exploration noise, in units of half the action range."""
+    """Std of the exploration noise, in units of half the action range (an Ornstein-Uhlenbeck
+    process's sigma)."""
+    noise_type: Literal["normal", "ornstein-uhlenbeck"] = "normal"
+    """Exploration noise: a Gaussian draw each step, or an Ornstein-Uhlenbeck process per env
+    (stable-baselines3's OrnsteinUhlenbeckActionNoise; DDPG's, Lillicrap et al. 2016 Sec. 7):
+    correlated from step to step and from 0 at each episode's start, so it keeps pushing one way
+    for a while, as MountainCarContinuous needs to reach its hilltop."""
+    ou_theta: float = 0.15
+    """Ornstein-Uhlenbeck: the pull of the noise back to 0, per unit of time."""
+    ou_dt: float = 0.01
+    """Ornstein-Uhlenbeck: the time one step takes (with theta 0.15 the noise forgets its past over
+    ~1 / (theta dt) = 667 steps; SB3's defaults)."""
     twin_critics: bool = True
     """Learn two critics and bootstrap from the smaller (clipped double Q-learning)."""
     policy_delay: int = 2
@@ -45,17 +58,47 @@ class TD3Config(OffPolicyConfig):
         super().__post_init__()
         _check(self.action_noise >= 0 and self.target_noise >= 0, "noise settings must be 0 or more")
         _check(self.policy_delay >= 1, "policy_delay must be at least 1")
+        _check(self.ou_theta > 0 and self.ou_dt > 0 and self.ou_theta * self.ou_dt < 1,
+               "ou_theta and ou_dt must be positive, their product under 1")
+        _check(self.noise_type == "normal" or self.inference == "local",
+               "--noise-type ornstein-uhlenbeck keeps a noise process per env in each runner's policy: it cannot "
+               "be combined with --inference central, whose servers act for every runner's envs")
 
 
 class DeterministicActor(ScaledActions):
-    """a = tanh(MLP(s)) in [-1, 1]; explores with Gaussian noise of std ``noise_std`` (a buffer)."""
+    """a = tanh(MLP(s)) in [-1, 1]; explores with noise of std ``noise_std`` (a buffer): a Gaussian
+    draw per step, or with ``ou`` = (theta, dt) an Ornstein-Uhlenbeck process per env, held on the
+    acting path as a recurrent policy's memory is (from 0 for each episode, not saved)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, noise_std: float):
+                 activation: str, noise_std: float, ou: tuple[float, float] | None = None):
         super().__init__(obs_space, action_space)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.net = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
         self.register_buffer("noise_std", torch.tensor(float(noise_std)))
+        self.ou = ou
+        self.noise: Tensor | None = None  # the Ornstein-Uhlenbeck state [N, act_dim] of the envs acted in
+
+    def reset_memory(self, n: int) -> None:
+        if self.ou is not None:
+            self.noise = torch.zeros(n, self.action_dim)
+
+    def forget(self, done: np.ndarray) -> None:
+        if self.noise is not None and done.any():
+            self.noise[torch.as_tensor(done)] = 0.0
+
+    def _noise(self, shape: torch.Size, generator: torch.Generator | None, held: bool = True) -> Tensor:
+        """This step's exploration noise [N, act_dim]; ``held``: the runner's Ornstein-Uhlenbeck
+        process steps (else independent draws of its sigma)."""
+        draw = torch.randn(shape, generator=generator)
+        if self.ou is None or not held:
+            return draw * self.noise_std
+        theta, dt = self.ou
+        if self.noise is None or self.noise.shape != shape:  # another number of envs: their processes start
+            self.noise = torch.zeros(shape)
+        # Euler-Maruyama step of dx = -theta x dt + sigma dW
+        self.noise = self.noise - theta * dt * self.noise + self.noise_std * math.sqrt(dt) * draw
+        return self.noise
 
     def forward(self, x: Tensor) -> Tensor:  # [N, act_dim]
         return torch.tanh(self.net(x))
@@ -69,18 +112,25 @@ class DeterministicActor(ScaledActions):
         if self.random_actions:
             return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
         a = self(x)
-        noise = torch.randn(a.shape, generator=generator) * self.noise_std
-        return (a + noise).clamp(-1, 1), torch.zeros(x.shape[0])
+        return (a + self._noise(a.shape, generator)).clamp(-1, 1), torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self(x) if deterministic else self.explore(x, generator)[0]
+        if deterministic:
+            return self(x)
+        if self.ou is None or self.random_actions:
+            return self.explore(x, generator)[0]
+        # Sampled actions of a deployed or served policy: it holds no noise process per caller (the
+        # policy server batches many callers' rows), so independent draws of the process's sigma.
+        a = self(x)
+        return (a + self._noise(a.shape, generator, held=False)).clamp(-1, 1)
 
 
 def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActor:
     """The deterministic actor TD3 and DDPG train."""
     if isinstance(action_space, gym.spaces.Discrete):
         raise ShoalError(f"{config.algo} needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
-    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise)
+    ou = (config.ou_theta, config.ou_dt) if config.noise_type == "ornstein-uhlenbeck" else None
+    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise, ou)
 
 
 class TD3Learner(OffPolicyLearner):
