@@ -55,6 +55,10 @@ class Algorithm:
             from shoal.offpolicy import hindsight
 
             hindsight(config)
+        if hasattr(config, "compress_observations"):  # a replay too large for memory: one line now, not hours later
+            from shoal.offpolicy import check_replay_fits
+
+            check_replay_fits(config, self.obs_space, self.action_space)
         self.backend = make_backend(config)
         self.apex = bool(getattr(config, "apex", False))
         if config.inference == "central" and self.apex:

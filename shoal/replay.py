@@ -187,8 +187,66 @@ class NStep:
         self.pending = {k: deque(v) for k, v in pending.items()}
 
 
+class CompressedRows:
+    """A replay column of observations kept LZ4-compressed, one ``bytes`` per row: indexed with an
+    array of slots as the NumPy column it replaces (``column[idx] = rows``, ``column[idx]``).
+
+    Atari's 4 stacked 84x84 frames (28 KB) compressed 12-50x in 3-9 us a row and came back in
+    2-16 us (Space Invaders to Pong, lz4.block; zlib at level 1 took ~10x as long for the same
+    sizes): a DQN batch of 32 transitions decompresses in well under a millisecond, against tens
+    of milliseconds for its update, and 1M transitions fit in a few GB instead of 56. RLlib's
+    ``compress_observations`` keeps LZ4 frames the same way."""
+
+    def __init__(self, capacity: int, shape: tuple[int, ...], dtype: Any):
+        self.rows = np.empty(capacity, object)
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.row_bytes = int(np.prod(shape)) * self.dtype.itemsize
+
+    def __setitem__(self, idx: np.ndarray, values: np.ndarray) -> None:
+        import lz4.block
+
+        values = np.ascontiguousarray(values, self.dtype).reshape(len(idx), self.row_bytes // self.dtype.itemsize)
+        self.rows[idx] = [lz4.block.compress(v, store_size=False) for v in values]
+
+    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
+        import lz4.block
+
+        out = np.empty((len(idx), self.row_bytes), np.uint8)
+        for i, row in enumerate(self.rows[idx]):
+            out[i] = np.frombuffer(lz4.block.decompress(row, uncompressed_size=self.row_bytes), np.uint8)
+        return out.view(self.dtype).reshape(len(idx), *self.shape)
+
+    def nbytes(self, n: int) -> int:
+        """Bytes the first ``n`` rows take: each ``bytes`` object whole (its 33-byte header too) and
+        its pointer in the column."""
+        return sum(map(sys.getsizeof, self.rows[:n])) + n * self.rows.itemsize
+
+
+def _saved(column: np.ndarray | CompressedRows, n: int) -> np.ndarray:
+    """A column's first ``n`` rows for a checkpoint: an array, or the compressed rows as they are."""
+    return column.rows[:n].copy() if isinstance(column, CompressedRows) else column[:n].copy()
+
+
+def _restore(column: np.ndarray | CompressedRows, n: int, saved: np.ndarray) -> None:
+    """Put :func:`_saved` rows back, compressing or decompressing them where the checkpoint was
+    written with the other setting of ``compress_observations``."""
+    compressed = saved.dtype == object
+    if isinstance(column, CompressedRows):
+        if compressed:
+            column.rows[:n] = saved
+        else:
+            column[np.arange(n)] = saved
+    elif compressed:
+        holder = CompressedRows(n, column.shape[1:], column.dtype)
+        holder.rows[:] = saved
+        column[:n] = holder[np.arange(n)]
+    else:
+        column[:n] = saved
+
+
 class ReplayBuffer:
-    """A ring buffer of n-step transitions; uniform or prioritised (Schaul et al. 2016) sampling."""
+    """A ring buffer of n-step transitions; uniform or prioritised (Schaul et al. 2016) sampling.
+    With ``compress`` its observations are kept LZ4-compressed (:class:`CompressedRows`)."""
 
     GATHER_BYTES = 16 << 20  # most bytes one sample_ready call gathers for uniform batches
 
@@ -197,10 +255,12 @@ class ReplayBuffer:
                  gamma: float, n_step: int = 1, prioritized: bool = False, alpha: float = 0.6,
                  priority_eps: float = 1e-6, samples_per_insert: float | None = None,
                  min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0,
-                 hindsight: Hindsight | None = None):
+                 hindsight: Hindsight | None = None, compress: bool = False):
         self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
-        self.obs = np.zeros((capacity, *obs_shape), obs_dtype)
-        self.next_obs = np.zeros((capacity, *obs_shape), obs_dtype)
+        column = (lambda: CompressedRows(capacity, obs_shape, obs_dtype)) if compress else (
+            lambda: np.zeros((capacity, *obs_shape), obs_dtype))
+        self.obs, self.next_obs = column(), column()
+        self.obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize  # one observation, uncompressed
         self.actions = np.zeros((capacity, *action_shape), action_dtype)
         self.rewards = np.zeros(capacity, np.float32)
         self.discounts = np.zeros(capacity, np.float32)
@@ -295,7 +355,7 @@ class ReplayBuffer:
             while len(out) < count and self.can_sample(batch_size):
                 out.append(self._prioritized(batch_size, beta))
             return out
-        row_bytes = 2 * self.obs[0].nbytes + self.actions[:1].nbytes + 8
+        row_bytes = 2 * self.obs_bytes + self.actions[:1].nbytes + 8
         count = min(count, max(1, self.GATHER_BYTES // (batch_size * row_bytes)))
         k = 0
         while k < count and self.limiter.can_sample(batch_size * (k + 1)):
@@ -322,11 +382,18 @@ class ReplayBuffer:
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.update(idx, priorities**self.alpha)
 
+    def nbytes(self) -> int:
+        """Bytes the stored transitions take (observations as they are kept: compressed or not)."""
+        n = self.size
+        obs = sum(c.nbytes(n) if isinstance(c, CompressedRows) else n * self.obs_bytes
+                  for c in (self.obs, self.next_obs))
+        return obs + n * (self.actions[:1].nbytes + self.rewards.itemsize + self.discounts.itemsize)
+
     # -- checkpoints -----------------------------------------------------------------------
     def get_state(self) -> dict[str, Any]:
         """Contents and counters, for checkpoints with --save-replay."""
         n = self.size
-        return {"obs": self.obs[:n].copy(), "next_obs": self.next_obs[:n].copy(), "actions": self.actions[:n].copy(),
+        return {"obs": _saved(self.obs, n), "next_obs": _saved(self.next_obs, n), "actions": self.actions[:n].copy(),
                 "rewards": self.rewards[:n].copy(), "discounts": self.discounts[:n].copy(), "pos": self.pos,
                 "size": n, "tree": None if self.tree is None else self.tree.tree.copy(),
                 "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
@@ -340,7 +407,9 @@ class ReplayBuffer:
     def set_state(self, s: dict[str, Any]) -> None:
         """Restore :meth:`get_state`."""
         n = s["size"]
-        self.obs[:n], self.next_obs[:n], self.actions[:n] = s["obs"], s["next_obs"], s["actions"]
+        _restore(self.obs, n, s["obs"])
+        _restore(self.next_obs, n, s["next_obs"])
+        self.actions[:n] = s["actions"]
         self.rewards[:n], self.discounts[:n] = s["rewards"], s["discounts"]
         self.pos, self.size, self.max_priority = s["pos"], n, s["max_priority"]
         if self.tree is not None and s["tree"] is not None:

@@ -553,3 +553,22 @@ def test_a_list_flag_given_once_per_value_takes_them_all(argv, gathered):
     from shoal.cli import _gather
 
     assert _gather(argv, "--policy-id") == gathered
+
+
+def test_a_replay_larger_than_memory_is_refused_before_the_run_starts(capsys, tmp_path):
+    """NumPy reserves a replay buffer lazily: without the check, the run would die when it filled."""
+    import shoal
+    from shoal.envs import env_spaces
+    from shoal.offpolicy import check_replay_fits
+
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    size = have // 48 + 1  # CartPole's transition: two 16-byte observations, an action, a reward, a discount
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "dqn", "--env", "CartPole-v1", "--buffer-size", str(size),
+                           "--run-dir", str(run))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"a replay of {size:,} transitions of CartPole-v1 needs" in err and "(48 bytes each)" in err
+    assert "lower --buffer-size, or add --compress-observations" in err and not run.exists()
+    spaces = env_spaces("CartPole-v1")
+    for fits in ({"buffer_size": size // 2}, {"buffer_size": size, "compress_observations": True}):
+        check_replay_fits(shoal.make_config("dqn", "CartPole-v1", **fits), *spaces)  # compressed rows: not counted ahead

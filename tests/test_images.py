@@ -85,6 +85,24 @@ def test_minigrid_envs_are_their_agents_view_and_runners_and_replay_keep_it_uint
     assert batch.obs.dtype == torch.uint8 and q(batch.obs).shape == (8, 7)
 
 
+def test_dqn_learns_the_same_from_compressed_images():
+    """compress_observations changes how replay keeps observations, not what it gives back: the
+    same run with and without it ends with the same weights, bit for bit."""
+    weights = []
+    for compress in (False, True):
+        config = shoal.make_config("dqn", "MiniGrid-Empty-5x5-v0", num_envs_per_runner=2, learning_starts=32,
+                                   buffer_size=1000, batch_size=16, rollout_steps=8, torch_threads=1,
+                                   compress_observations=compress, progress=False, tensorboard=False, eval_interval=0)
+        with shoal.make(config) as algo:
+            for _ in range(12):
+                algo.train()
+            state = algo.backend.get(algo.learner.call("get_state"))
+            assert state["updates"] > 0
+            weights.append(state["weights"])
+    for k, v in weights[0].items():
+        np.testing.assert_array_equal(v, weights[1][k], err_msg=k)
+
+
 def test_atari_games_are_preprocessed_as_dqn_trained_on_them():
     env = make_env("ALE/Pong-v5")
     try:
@@ -99,6 +117,7 @@ def test_atari_games_are_preprocessed_as_dqn_trained_on_them():
     config = shoal.make_config("ppo", "ALE/Pong-v5")
     assert (config.clip_rewards, config.num_envs_per_runner, config.rollout_steps, config.clip) == (True, 8, 128, 0.1)
     assert shoal.make_config("dqn", "ALE/Breakout-v5").buffer_size == 100_000  # the ALE/* presets
+    assert shoal.make_config("dqn", "ALE/Breakout-v5").compress_observations
 
 
 def test_a_missing_env_package_names_the_extra_to_install(monkeypatch):

@@ -230,6 +230,7 @@ def test_epsilon_schedule():
     (SACConfig, "CartPole-v1", {"n_step": 3}),  # SAC-Discrete
     (DQNConfig, "CartPole-v1", {"prioritized": True, "n_step": 3, "dueling": True}),
     (DQNConfig, "BitFlipping-v0", {"her_goals": 4, "env_kwargs": {"n_bits": 7}}),  # episodes pending at the save
+    (DQNConfig, "CartPole-v1", {"compress_observations": True, "prioritized": True}),
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

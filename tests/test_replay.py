@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.replay import RateLimiter, ReplayBuffer, SumTree
+from shoal.replay import CompressedRows, RateLimiter, ReplayBuffer, SumTree
 from shoal.runner import Rollout
 
 
@@ -200,3 +200,58 @@ def test_read_only_arrays_become_writable_tensors():
         batch = Transitions(*arrays, np.arange(2)).as_tensors()
     batch.obs.add_(1)
     assert float(batch.obs.sum()) == 12 and float(arrays[0].sum()) == 6
+
+
+def frames(n, seed=0):
+    """Atari-like uint8 observations [n, 4, 42, 42]: a dark screen with a bright block per frame."""
+    rng = np.random.default_rng(seed)
+    obs = np.zeros((n, 4, 42, 42), np.uint8)
+    for i, (y, x) in enumerate(rng.integers(0, 36, (n, 2))):
+        obs[i, :, y:y + 6, x:x + 6] = rng.integers(100, 256)
+    return obs
+
+
+def filled(compress, prioritized, seed=5):
+    buf = ReplayBuffer(64, (4, 42, 42), np.uint8, (), np.int64, gamma=0.9, prioritized=prioritized, seed=seed,
+                       compress=compress)
+    for k in range(3):  # 90 transitions in a ring of 64: it wraps
+        obs = frames(31, seed=k)
+        buf.add(obs[:-1], np.arange(30) % 4, np.ones(30, np.float32), obs[1:], np.full(30, 0.9, np.float32))
+    return buf
+
+
+def assert_same_batches(a, b, prioritized):
+    for _ in range(3):
+        x, y = a.sample_ready(16, count=4), b.sample_ready(16, count=4)
+        assert len(x) == len(y) > 0
+        for p, q in zip(x, y):
+            for column_p, column_q in zip(p, q):
+                np.testing.assert_array_equal(column_p, column_q)
+            if prioritized:
+                a.update_priorities(p.indices, np.arange(16.0))
+                b.update_priorities(q.indices, np.arange(16.0))
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_compressed_observations_are_stored_and_drawn_bit_for_bit_in_a_fraction_of_the_memory(prioritized):
+    plain, packed = filled(False, prioritized), filled(True, prioritized)
+    assert isinstance(packed.obs, CompressedRows) and packed.obs.rows[0] is not None
+    assert_same_batches(plain, packed, prioritized)
+    assert plain.nbytes() == 64 * (2 * 4 * 42 * 42 + 8 + 4 + 4)
+    assert packed.nbytes() < plain.nbytes() / 10  # 1-2 KB a transition against 14 KB
+
+
+@pytest.mark.parametrize("saved_compressed", [False, True])
+def test_replay_state_restores_into_a_buffer_with_the_other_compression_setting(saved_compressed):
+    source = filled(saved_compressed, prioritized=True)
+    state = source.get_state()
+    assert (state["obs"].dtype == object) == saved_compressed
+    if saved_compressed:  # a checkpoint keeps the compressed rows as they are
+        assert len(pickle.dumps(state)) < 64 * 2 * 4 * 42 * 42 / 10
+    for compress in (False, True):
+        copy = ReplayBuffer(64, (4, 42, 42), np.uint8, (), np.int64, gamma=0.9, prioritized=True, seed=0,
+                            compress=compress)
+        copy.set_state(state)
+        twin = filled(saved_compressed, prioritized=True)
+        twin.set_state(state)
+        assert_same_batches(twin, copy, prioritized=True)
