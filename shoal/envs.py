@@ -16,6 +16,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import shoal.goals  # noqa: F401  (registers BitFlipping-v0)
+import shoal.pixels  # noqa: F401  (registers PixelReach-v0)
 import shoal.pomdp  # noqa: F401  (registers CartPoleNoVel-v1 and the other velocity-free envs)
 from shoal.errors import ShoalError
 

@@ -22,7 +22,7 @@ from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult
-from shoal.policy import PolicyModule, network_input
+from shoal.policy import ConvEncoder, PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
@@ -128,6 +128,11 @@ class OffPolicyConfig(Config):
         return self.rollout_steps or (8 if self.apex else 1)
 
 
+def critic_image(policy: PolicyModule) -> tuple[int, int, int] | None:
+    """The (C, H, W) of the images a policy reads, for critics of their own encoder; None for vectors."""
+    return tuple(policy.input_shape) if policy.image else None  # type: ignore[return-value]
+
+
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
     """target <- tau * source + (1 - tau) * target, in place."""
     with torch.no_grad():
@@ -140,13 +145,21 @@ class QCritics(nn.Module):
     pass, not two), and the one-output head of Q(s, a) a dot product per row. For continuous
     actions each critic is an MLP on the concatenated observation and action giving Q(s, a); with
     ``discrete`` it is an MLP on the observation giving Q(s, .) for every action, as DQN's network.
+
+    With ``image`` (the (C, H, W) of uint8 image observations) the K critics read the features of
+    one convolutional encoder of their own (:class:`shoal.policy.ConvEncoder`; the actor has
+    another), as stable-baselines3's SAC and TD3 CNN policies: its gradients come from the critics'
+    loss only.
     """
 
     def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str,
-                 discrete: bool = False):
+                 discrete: bool = False, image: tuple[int, int, int] | None = None):
         super().__init__()
         self.k, self.discrete = k, discrete
         self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
+        self.encoder = ConvEncoder(image) if image is not None else None
+        if self.encoder is not None:
+            obs_dim = self.encoder.out_dim
         sizes = [obs_dim, *hidden_sizes, action_dim] if discrete else [obs_dim + action_dim, *hidden_sizes, 1]
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -155,11 +168,23 @@ class QCritics(nn.Module):
             self.weights.append(nn.Parameter(w))  # [K, in, out]
             self.biases.append(nn.Parameter(torch.zeros(k, 1, n_out)))
 
+    def encode(self, obs: Tensor) -> Tensor:
+        """The critics' inputs for network inputs ``obs``: the encoder's features of images, vectors
+        as they are. Given to :meth:`forward` with ``encoded``, one pass serves several calls."""
+        return obs if self.encoder is None else self.encoder(obs)
+
     def forward(self, obs: Tensor, actions: Tensor | None = None, members: slice = slice(None),
-                detach_weights: bool = False) -> Tensor:
+                detach_weights: bool = False, encoded: bool = False) -> Tensor:
         """Q-values of the critics in ``members`` (all by default): [K', N] of (obs, actions) for
         continuous actions; [K', N, actions] for discrete ones (no ``actions`` argument). With
-        ``detach_weights`` gradients reach the inputs (dQ/da for an actor) but not the weights."""
+        ``detach_weights`` gradients reach the actions (dQ/da for an actor) but no weight, the
+        encoder's neither. ``encoded``: ``obs`` are :meth:`encode`'s features already."""
+        if not encoded and self.encoder is not None:
+            if detach_weights:
+                with torch.no_grad():
+                    obs = self.encoder(obs)
+            else:
+                obs = self.encoder(obs)
         layers = list(zip(self.weights, self.biases))
         if members != slice(None):  # a view of all of them would cost a copy of each gradient in backward
             layers = [(w[members], b[members]) for w, b in layers]
@@ -180,10 +205,11 @@ class QCritics(nn.Module):
 
 
 class ScaledActions(PolicyModule):
-    """Continuous policies that act in [-1, 1]; ``to_env`` maps that to the action bounds."""
+    """Continuous policies that act in [-1, 1]; ``to_env`` maps that to the action bounds. Image
+    observations go through a convolutional encoder first (``encoder``)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space):
-        super().__init__(obs_space, action_space, normalize_obs=False)
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
         if self.discrete:
             raise ShoalError("this algorithm needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):

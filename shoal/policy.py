@@ -230,7 +230,8 @@ class PolicyModule(nn.Module):
         if self.image:
             if not images:
                 raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
-                                 "observations train with ppo, a2c, impala, appo or dqn (a convolutional encoder)")
+                                 "observations train with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg (a "
+                                 "convolutional encoder)")
             if normalize_obs:
                 raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
             self.channels_last = image_layout(obs_space.shape)[1]

@@ -51,11 +51,10 @@ def test_the_encoder_reads_pixels_scaled_to_one_and_the_policy_acts_on_one_frame
 
 def test_algorithms_without_an_image_encoder_refuse_images_clearly():
     space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
-    for algo, actions in [("trpo", gym.spaces.Discrete(3)), ("sac", gym.spaces.Box(-1, 1, (2,))),
-                          ("td3", gym.spaces.Box(-1, 1, (2,)))]:
-        config = shoal.make_config(algo, "CartPole-v1")
-        with pytest.raises(ShoalError, match=r"takes vector observations, not images .*ppo, a2c, impala, appo or dqn"):
-            shoal.algos.spec_for(config).make_policy(config, space, actions)
+    config = shoal.make_config("trpo", "CartPole-v1")
+    with pytest.raises(ShoalError, match=r"takes vector observations, not images .*ppo, a2c, impala, appo, dqn, "
+                                         r"sac, td3 or ddpg \(a convolutional encoder\)"):
+        shoal.algos.spec_for(config).make_policy(config, space, gym.spaces.Discrete(3))
     with pytest.raises(ShoalError, match="normalize_obs is for vector observations"):
         ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=True, images=True)
     # a float Box of three dimensions is not an image: it stays a flat vector
@@ -101,6 +100,32 @@ def test_dqn_learns_the_same_from_compressed_images():
             weights.append(state["weights"])
     for k, v in weights[0].items():
         np.testing.assert_array_equal(v, weights[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg"])
+def test_continuous_control_from_pixels_trains_and_deploys_on_the_envs_frames(algo, tmp_path):
+    """SAC, TD3 and DDPG read images through an encoder of the actor's own and one of the
+    critics'; frames stay uint8 through rollouts and replay; the deployed policy and the video
+    of an evaluation take the env's channels-last frames."""
+    config = shoal.make_config(algo, "PixelReach-v0", num_envs_per_runner=2, learning_starts=32, batch_size=16,
+                               rollout_steps=8, buffer_size=2000, hidden_sizes=(32,), torch_threads=1,
+                               total_steps=160, eval_interval=0, progress=False, tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    assert summary["env_steps"] == 160
+    with shoal.make(config) as algo_:
+        learner = algo_.learner.obj
+        assert learner.policy.image and learner.policy.encoder is not learner.critics.encoder
+        assert learner.replay.shards[0].obj.obs.dtype == np.uint8
+    policy = shoal.load_policy(summary["checkpoint"])
+    env = make_env("PixelReach-v0")
+    frame, _ = env.reset(seed=0)
+    action = policy.act(frame)
+    assert action.shape == (2,) and env.action_space.contains(action.astype(np.float32))
+    assert policy.act(np.stack([frame, frame])).shape == (2, 2)
+    from shoal.cli import main
+
+    code = main(["eval", str(tmp_path / "run"), "--episodes", "1", "--video", str(tmp_path / "v")])
+    assert code == 0 and av.open(str(next((tmp_path / "v").glob("*.mp4")))).streams.video[0].frames == 16  # the first frame, then 15 steps
 
 
 def test_atari_games_are_preprocessed_as_dqn_trained_on_them():

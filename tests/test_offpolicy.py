@@ -10,7 +10,7 @@ from torch.distributions import Categorical, Normal, TanhTransform, TransformedD
 import shoal
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
-from shoal.algos.td3 import DeterministicActor
+from shoal.algos.td3 import DeterministicActor, TD3Config
 from shoal.errors import ConfigError
 from shoal.offpolicy import QCritics
 from shoal.replay import Transitions
@@ -57,19 +57,43 @@ def test_batched_critics_equal_separate_mlps_and_can_hide_their_weights():
     assert all(p.grad is None for p in critics.parameters())
 
 
-def test_sac_joint_step_gives_each_loss_only_its_own_parameters():
+IMAGES = gym.spaces.Box(0, 255, (2, 10, 10), np.uint8)
+
+
+def test_critics_of_images_give_an_actor_dq_da_and_no_weight_a_gradient():
+    critics = QCritics(2, 200, 3, (16,), "relu", image=(2, 10, 10))
+    obs = torch.randint(0, 256, (5, 2, 10, 10), dtype=torch.uint8)
+    actions = torch.zeros(5, 3, requires_grad=True)
+    critics(obs, actions, detach_weights=True).sum().backward()
+    assert actions.grad is not None and actions.grad.abs().sum() > 0
+    assert all(p.grad is None for p in critics.parameters())  # the encoder's included
+    features = critics.encode(obs)
+    assert features.shape == (5, critics.encoder.out_dim)
+    torch.testing.assert_close(critics(features, actions, encoded=True), critics(obs, actions))
+    critics(obs, actions).sum().backward()
+    assert all(p.grad is not None for p in critics.encoder.parameters())
+
+
+@pytest.mark.parametrize("obs_space", [gym.spaces.Box(-8, 8, (3,)), IMAGES], ids=["vectors", "images"])
+def test_sac_joint_step_gives_each_loss_only_its_own_parameters(obs_space):
+    """With images the actor and the critics each read their own encoder: the critics' gets the
+    critic loss's gradients only, the actor's the actor loss's."""
     config = SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), learning_starts=0)
-    learner = SACLearner(config, gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    learner = SACLearner(config, obs_space, gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    if obs_space is IMAGES:
+        assert learner.critics.encoder is not None and learner.policy.encoder is not learner.critics.encoder
     n = 16
     g = torch.Generator().manual_seed(1)
-    b = Transitions(obs=torch.randn(n, 3, generator=g), actions=torch.rand(n, 1, generator=g) * 2 - 1,
-                    rewards=torch.randn(n, generator=g), next_obs=torch.randn(n, 3, generator=g),
+    draw = ((lambda: torch.randint(0, 256, (n, 2, 10, 10), generator=g, dtype=torch.uint8)) if obs_space is IMAGES
+            else (lambda: torch.randn(n, 3, generator=g)))
+    b = Transitions(obs=draw(), actions=torch.rand(n, 1, generator=g) * 2 - 1,
+                    rewards=torch.randn(n, generator=g), next_obs=draw(),
                     discounts=torch.full((n,), 0.99), weights=torch.ones(n), indices=np.arange(n))
     critic0 = [p.detach().clone() for p in learner.critics.parameters()]
     learner.generator.manual_seed(5)
     learner.train_batch(b)
     # The same losses written as separate steps' gradients, with the same noise.
-    learner2 = SACLearner(config, gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    learner2 = SACLearner(config, obs_space, gym.spaces.Box(-2, 2, (1,)), WeightStore())
     learner2.generator.manual_seed(5)
     alpha = learner2.log_alpha.exp().detach()
     with torch.no_grad():
@@ -231,6 +255,8 @@ def test_epsilon_schedule():
     (DQNConfig, "CartPole-v1", {"prioritized": True, "n_step": 3, "dueling": True}),
     (DQNConfig, "BitFlipping-v0", {"her_goals": 4, "env_kwargs": {"n_bits": 7}}),  # episodes pending at the save
     (DQNConfig, "CartPole-v1", {"compress_observations": True, "prioritized": True}),
+    (SACConfig, "PixelReach-v0", {"compress_observations": True}),  # images: an encoder each for actor and critics
+    (TD3Config, "PixelReach-v0", {"buffer_size": 1000}),
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

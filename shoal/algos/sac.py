@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak, target_copy
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
+                             target_copy)
 from shoal.policy import PolicyModule, mlp
 from shoal.replay import Transitions
 
@@ -58,13 +59,13 @@ class SquashedGaussianActor(ScaledActions):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
         super().__init__(obs_space, action_space)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.trunk = nn.Sequential(mlp([self.obs_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
+        self.trunk = nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
         self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
         self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
 
     def _gaussian(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """(u, the noise that drew it, log sigma), each [N, act_dim]."""
-        h = self.trunk(x)
+        h = self.trunk(self.encoder(x))
         mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
         noise = torch.randn(mu.shape, generator=generator)
         return mu + log_std.exp() * noise, noise, log_std
@@ -88,7 +89,7 @@ class SquashedGaussianActor(ScaledActions):
         return a, torch.zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return torch.tanh(self.mu(self.trunk(x))) if deterministic else self._draw(x, generator)
+        return torch.tanh(self.mu(self.trunk(self.encoder(x)))) if deterministic else self._draw(x, generator)
 
 
 class CategoricalActor(PolicyModule):
@@ -98,15 +99,15 @@ class CategoricalActor(PolicyModule):
     masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
-        super().__init__(obs_space, action_space, normalize_obs=False)
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.logits = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
+        self.logits = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
     def _logits(self, x: Tensor, legal: Tensor | None) -> Tensor:
         """Logits [N, actions], the illegal actions' (``legal``: :meth:`legal` of ``x``) the
         smallest float (probability 0)."""
-        out = self.logits(x)
+        out = self.logits(self.encoder(x))
         return out if legal is None else out.masked_fill(~legal, torch.finfo(out.dtype).min)
 
     def log_probs(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -154,7 +155,7 @@ class SACLearner(OffPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = self.policy.discrete
         self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes,
-                                config.activation, discrete=self.discrete)
+                                config.activation, discrete=self.discrete, image=critic_image(self.policy))
         self.target_critics = target_copy(self.critics)
         self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), requires_grad=config.alpha is None)
         if config.target_entropy is not None:
@@ -175,10 +176,12 @@ class SACLearner(OffPolicyLearner):
             next_a, next_logp = self.policy.sample(b.next_obs, self.generator)
             next_q = self.target_critics(b.next_obs, next_a).min(0).values
             target = b.rewards + b.discounts * (next_q - alpha * next_logp)
-        qs = self.critics(b.obs, b.actions)  # [2, N]
+        features = self.critics.encode(b.obs)  # one encoder pass (images) for both losses
+        qs = self.critics(features, b.actions, encoded=True)  # [2, N]
         critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
         a, logp = self.policy.sample(b.obs, self.generator)  # reparameterised (eq. 7)
-        q_pi = self.critics(b.obs, a, detach_weights=True).min(0).values  # dQ/da, no critic gradients
+        # dQ/da, no critic gradients (the encoder's features detached too)
+        q_pi = self.critics(features.detach(), a, detach_weights=True, encoded=True).min(0).values
         actor_loss = (alpha * logp - q_pi).mean()
         return self._step(critic_loss, actor_loss, -logp.detach(), alpha, qs[0] - target)
 

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
-from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak, target_copy
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
+                             target_copy)
 from shoal.policy import mlp
 from shoal.replay import Transitions
 
@@ -74,7 +75,7 @@ class DeterministicActor(ScaledActions):
                  activation: str, noise_std: float, ou: tuple[float, float] | None = None):
         super().__init__(obs_space, action_space)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.net = mlp([self.obs_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
+        self.net = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
         self.register_buffer("noise_std", torch.tensor(float(noise_std)))
         self.ou = ou
         self.noise: Tensor | None = None  # the Ornstein-Uhlenbeck state [N, act_dim] of the envs acted in
@@ -101,7 +102,7 @@ class DeterministicActor(ScaledActions):
         return self.noise
 
     def forward(self, x: Tensor) -> Tensor:  # [N, act_dim]
-        return torch.tanh(self.net(x))
+        return torch.tanh(self.net(self.encoder(x)))
 
     def apply_ladder(self, index: int, count: int) -> None:
         """Ape-X: runner noise spread geometrically from half to twice the configured std."""
@@ -140,7 +141,7 @@ class TD3Learner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
-        self.critics = QCritics(2 if config.twin_critics else 1, *dims)
+        self.critics = QCritics(2 if config.twin_critics else 1, *dims, image=critic_image(self.policy))
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
         self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
