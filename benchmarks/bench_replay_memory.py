@@ -12,7 +12,8 @@ frames a step: shoal's Atari envs) under random actions. The same transitions go
 Printed per game: bytes per transition held (shoal: :meth:`ReplayBuffer.nbytes`; SB3: its
 arrays' sizes over the capacity, which NumPy takes as the buffer fills) and their ratio to
 SB3's optimised buffer; microseconds per transition added (shoal in rollouts of 4 steps, as
-its DQN runners insert; SB3 one at a time, as its DQN does) and per batch of 32 sampled.
+its DQN runners insert; SB3 one at a time, as its DQN does) and per batch of 32 sampled; and
+the bytes of an Ape-X runner's insert of 8 transitions, with and without the runner compressing.
 
     .venv/bin/python benchmarks/bench_replay_memory.py [--transitions 5000] [--games Pong Breakout SpaceInvaders]
 """
@@ -91,6 +92,20 @@ def sb3_figures(frames, actions, dones, optimize: bool) -> dict[str, float]:
     return {"bytes_per_transition": held / n, "add_us": median(adds) * 1e6, "sample_us": sample}
 
 
+def insert_bytes(frames, actions) -> dict[str, int]:
+    """Pickled bytes of one Ape-X insert of 8 one-step transitions (the ``add`` call's arguments),
+    as arrays and with the observations compressed by the runner (``compress_observations``)."""
+    import pickle
+
+    from shoal.replay import compress_rows
+
+    obs, nxt = frames[100:108], frames[101:109]
+    rest = (actions[100:108].astype(np.int64), np.zeros(8, np.float32), np.full(8, 0.99, np.float32))
+    plain = (obs, rest[0], rest[1], nxt, rest[2])
+    packed = (compress_rows(obs), rest[0], rest[1], compress_rows(nxt), rest[2])
+    return {name: len(pickle.dumps(args, protocol=5)) for name, args in (("plain", plain), ("compressed", packed))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transitions", type=int, default=5000)
@@ -114,7 +129,10 @@ def main() -> None:
             print(f"  {name:26s} {r['bytes_per_transition']:9,.0f} B/transition ({gb:5.1f} GiB per 1M; "
                   f"{r['bytes_per_transition'] / best['bytes_per_transition']:.3f} of SB3's optimised); "
                   f"add {r['add_us']:6.1f} us, sample(32) {r['sample_us']:7.1f} us", flush=True)
-        result[game] = rows
+        sent = insert_bytes(frames, actions)
+        print(f"  an Ape-X runner's insert of 8 transitions, pickled as Ray sends it: {sent['plain']:,} B as arrays, "
+              f"{sent['compressed']:,} B compressed by the runner ({sent['compressed'] / sent['plain']:.3f})")
+        result[game] = {**rows, "apex_insert_bytes": sent}
     print(f"wrote {save('replay_memory', result)}")
 
 

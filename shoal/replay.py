@@ -187,6 +187,21 @@ class NStep:
         self.pending = {k: deque(v) for k, v in pending.items()}
 
 
+def compress_rows(values: np.ndarray, dtype: Any = None, row_bytes: int | None = None) -> np.ndarray:
+    """Observations [N, ...] as N LZ4 blocks (an object array of ``bytes``), as
+    :class:`CompressedRows` keeps them. Ape-X runners compress what they insert themselves: the
+    work leaves the shard, which every runner waits on, and an Atari rollout travels to it in
+    1/12-1/50 of the bytes."""
+    import lz4.block
+
+    values = np.ascontiguousarray(values, dtype)
+    rows = np.empty(len(values), object)
+    rows[:] = [lz4.block.compress(v, store_size=False) for v in values.reshape(len(values), -1)]
+    if row_bytes is not None and len(values) and values[0].nbytes != row_bytes:
+        raise ValueError(f"observations of {values[0].nbytes} bytes for a column of {row_bytes}-byte rows")
+    return rows
+
+
 class CompressedRows:
     """A replay column of observations kept LZ4-compressed, one ``bytes`` per row: indexed with an
     array of slots as the NumPy column it replaces (``column[idx] = rows``, ``column[idx]``).
@@ -203,10 +218,8 @@ class CompressedRows:
         self.row_bytes = int(np.prod(shape)) * self.dtype.itemsize
 
     def __setitem__(self, idx: np.ndarray, values: np.ndarray) -> None:
-        import lz4.block
-
-        values = np.ascontiguousarray(values, self.dtype).reshape(len(idx), self.row_bytes // self.dtype.itemsize)
-        self.rows[idx] = [lz4.block.compress(v, store_size=False) for v in values]
+        """Store observations [N, *shape], or rows :func:`compress_rows` made of them already."""
+        self.rows[idx] = values if values.dtype == object else compress_rows(values, self.dtype, self.row_bytes)
 
     def __getitem__(self, idx: np.ndarray) -> np.ndarray:
         import lz4.block

@@ -274,6 +274,11 @@ class EnvRunner:
         if self.config.prioritized:
             p = self.policy.initial_priorities(*(torch.as_tensor(x) for x in batch))
             priorities = None if p is None else p.numpy()
+        if getattr(self.config, "compress_observations", False):  # here, not in the shard all runners share
+            from shoal.replay import compress_rows
+
+            obs, actions, rewards, next_obs, discounts = batch
+            batch = (compress_rows(obs), actions, rewards, compress_rows(next_obs), discounts)
         self.replay.resolve(self.replay.call("add", *batch, priorities))
         return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version)
 
