@@ -84,20 +84,34 @@ def test_minigrid_envs_are_their_agents_view_and_runners_and_replay_keep_it_uint
     assert batch.obs.dtype == torch.uint8 and q(batch.obs).shape == (8, 7)
 
 
-def test_dqn_learns_the_same_from_compressed_images():
+@pytest.mark.parametrize("apex", [False, True], ids=["synchronous", "apex"])
+def test_dqn_learns_the_same_from_compressed_images(apex, monkeypatch):
     """compress_observations changes how replay keeps observations, not what it gives back: the
-    same run with and without it ends with the same weights, bit for bit."""
+    same run with and without it ends with the same weights, bit for bit. Under --apex the
+    runners compress what they insert, and their shards store the LZ4 rows as sent."""
+    sent = []
+    add = ReplayBuffer.add
+
+    def spy(self, obs, *rest, **kw):
+        sent.append(obs.dtype)
+        return add(self, obs, *rest, **kw)
+
+    monkeypatch.setattr(ReplayBuffer, "add", spy)
+    layout = (dict(apex=True, num_env_runners=2, num_replay_shards=2, learning_starts=64) if apex
+              else dict(num_envs_per_runner=2, learning_starts=32))
     weights = []
     for compress in (False, True):
-        config = shoal.make_config("dqn", "MiniGrid-Empty-5x5-v0", num_envs_per_runner=2, learning_starts=32,
-                                   buffer_size=1000, batch_size=16, rollout_steps=8, torch_threads=1,
-                                   compress_observations=compress, progress=False, tensorboard=False, eval_interval=0)
+        config = shoal.make_config("dqn", "MiniGrid-Empty-5x5-v0", buffer_size=1000, batch_size=16, rollout_steps=8,
+                                   torch_threads=1, compress_observations=compress, progress=False,
+                                   tensorboard=False, eval_interval=0, **layout)
+        sent.clear()
         with shoal.make(config) as algo:
-            for _ in range(12):
+            for _ in range(6 if apex else 12):
                 algo.train()
             state = algo.backend.get(algo.learner.call("get_state"))
             assert state["updates"] > 0
             weights.append(state["weights"])
+        assert set(sent) == {np.dtype(object) if compress and apex else np.dtype(np.uint8)}
     for k, v in weights[0].items():
         np.testing.assert_array_equal(v, weights[1][k], err_msg=k)
 

@@ -296,37 +296,6 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         assert metrics["learner/updates"] > 0
 
 
-def test_apex_runners_compress_what_they_insert_and_learning_is_unchanged(monkeypatch):
-    """With compress_observations an Ape-X runner sends its shard LZ4 rows, not arrays: the same
-    run ends with the same weights as uncompressed, and every row a runner compressed is stored
-    as it was sent."""
-    from shoal.replay import ReplayBuffer
-
-    sent = []
-    add = ReplayBuffer.add
-
-    def spy(self, obs, *rest, **kw):
-        sent.append(obs.dtype)
-        return add(self, obs, *rest, **kw)
-
-    monkeypatch.setattr(ReplayBuffer, "add", spy)
-    weights = []
-    for compress in (False, True):
-        config = DQNConfig(env="MiniGrid-Empty-5x5-v0", apex=True, num_env_runners=2, num_replay_shards=2,
-                           learning_starts=64, batch_size=16, rollout_steps=8, torch_threads=1, buffer_size=2000,
-                           compress_observations=compress, progress=False, tensorboard=False, eval_interval=0)
-        sent.clear()
-        with shoal.make(config) as algo:
-            for _ in range(6):
-                algo.train()
-            state = algo.backend.get(algo.learner.call("get_state"))
-            assert state["updates"] > 0
-            weights.append(state["weights"])
-            assert set(sent) == ({np.dtype(object)} if compress else {np.dtype(np.uint8)})
-    for k, v in weights[0].items():
-        np.testing.assert_array_equal(v, weights[1][k], err_msg=k)
-
-
 def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_samples_it(tmp_path, caplog):
     """While a shard fills to the size the learner samples from (learning_starts, or after a
     resume without the replay), an Ape-X runner inserts as much as the rate limiter allows, up
