@@ -59,7 +59,7 @@ class OffPolicyConfig(Config):
     compress_observations: bool = False
     """Keep replay's observations LZ4-compressed (RLlib's compress_observations): Atari's stacked
     frames take 12-50x less memory (1M transitions in a few GB instead of 56), for a few
-    microseconds per observation stored and sampled. On in the Atari presets."""
+    microseconds per observation stored and sampled. On in DQN's Atari preset (ALE/*)."""
     learning_starts: int = 100
     """Environment steps of uniformly random actions before learning starts."""
     batch_size: int = 256
