@@ -97,7 +97,7 @@ def test_td3_with_ornstein_uhlenbeck_noise_reaches_the_flag_of_mountain_car(tmp_
 @pytest.mark.slow
 def test_sac_reaches_the_target_from_pixels_alone(tmp_path):
     """PixelReach-v0's preset: random actions score ~-7.8 and a straight line to the target -0.6;
-    SAC reads both dots from the image through its encoders. ~4 minutes on this CPU (one
+    SAC reads both dots from the image through its encoders. ~2.5 minutes on this CPU (one
     evaluation of 20 episodes every 1,000 steps), so with the slow tests; CI runs the same
     networks for a few hundred steps (tests/test_images.py)."""
     config = offpolicy("sac", "PixelReach-v0", seed=0, stop_return=-3.0)

@@ -1,0 +1,73 @@
+"""SAC from pixels: shoal vs stable-baselines3's SAC CnnPolicy, training throughput on CarRacing-v3.
+
+Both read CarRacing-v3's 96x96x3 frames through the Nature DQN encoder (512 features), one for
+the actor and one for the critics (SB3's default for SAC: ``share_features_extractor=False``),
+then 256x256 MLPs; twin critics, automatic entropy tuning, one update per env step, batches of
+--batch-size, a 10k replay, 2 torch threads each, one env, each framework in a fresh process.
+shoal keeps the frames uncompressed here, as SB3 does (``--compress`` times shoal with
+``compress_observations``). The figure is env steps per second (one update each) over --steps
+steps after 200 warm-up steps (100 random ones, then updates). Learning is not compared:
+CarRacing needs hours of updates on these CPUs.
+
+    .venv/bin/python benchmarks/bench_pixels_sac.py [--steps 300] [--batch-size 64] [--compress]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import isolated, machine, save
+
+ENV, WARMUP, START, THREADS = "CarRacing-v3", 200, 100, 2
+
+
+def shoal_rate(steps: int, batch_size: int, compress: bool) -> float:
+    import shoal
+
+    config = shoal.make_config("sac", ENV, total_steps=10**9, batch_size=batch_size, buffer_size=10_000,
+                               learning_starts=START, eval_interval=0, torch_threads=THREADS,
+                               compress_observations=compress, progress=False, tensorboard=False)
+    with shoal.make(config) as algo:
+        while algo.env_steps < WARMUP:
+            algo.train()
+        start, first = time.perf_counter(), algo.env_steps
+        while algo.env_steps - first < steps:
+            algo.train()
+        return (algo.env_steps - first) / (time.perf_counter() - start)
+
+
+def sb3_rate(steps: int, batch_size: int) -> float:
+    import torch
+    from stable_baselines3 import SAC
+
+    torch.set_num_threads(THREADS)
+    model = SAC("CnnPolicy", ENV, batch_size=batch_size, buffer_size=10_000, learning_starts=START, seed=0,
+                device="cpu")
+    model.learn(WARMUP)
+    start, first = time.perf_counter(), model.num_timesteps
+    model.learn(steps, reset_num_timesteps=False)
+    return (model.num_timesteps - first) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--compress", action="store_true", help="shoal with compress_observations too")
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    ours = isolated(shoal_rate, args.steps, args.batch_size, False)
+    theirs = isolated(sb3_rate, args.steps, args.batch_size)
+    result = {"shoal": ours, "sb3": theirs, "steps": args.steps, "batch_size": args.batch_size}
+    print(f"SAC on {ENV}, batch {args.batch_size}, {args.steps} steps: shoal {ours:.1f} steps/s, "
+          f"SB3 {theirs:.1f} -> {ours / theirs:.2f}x SB3", flush=True)
+    if args.compress:
+        packed = isolated(shoal_rate, args.steps, args.batch_size, True)
+        result["shoal_compressed"] = packed
+        print(f"shoal with compress_observations: {packed:.1f} steps/s ({packed / ours:.2f} of uncompressed)")
+    print(f"wrote {save('pixels_sac', result)}")
+
+
+if __name__ == "__main__":
+    main()
