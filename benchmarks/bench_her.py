@@ -21,11 +21,9 @@ Two figures, as ratios of shoal to SB3 measured in the same run:
 
 from __future__ import annotations
 
-import time
-
 import gymnasium as gym
 import gymnasium_robotics
-from common import main_against_peer, sb3_time_to, shoal_time_to
+from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 gym.register_envs(gymnasium_robotics)
 
@@ -55,23 +53,11 @@ def sb3_model(seed: int):
 
 
 def shoal_throughput(steps: int) -> float:
-    import shoal
-
-    with shoal.make(shoal_config(0, 10 * steps + WARMUP, eval_interval=0)) as algo:
-        while algo.env_steps < WARMUP:
-            algo.train()
-        start, first = time.perf_counter(), algo.env_steps
-        while algo.env_steps - first < steps:
-            algo.train()
-        return (algo.env_steps - first) / (time.perf_counter() - start)
+    return shoal_steps_per_s(shoal_config(0, 10 * steps + WARMUP, eval_interval=0), steps, WARMUP)
 
 
 def sb3_throughput(steps: int) -> float:
-    model = sb3_model(0)
-    model.learn(WARMUP)
-    start, first = time.perf_counter(), model.num_timesteps
-    model.learn(steps, reset_num_timesteps=False)
-    return (model.num_timesteps - first) / (time.perf_counter() - start)
+    return sb3_steps_per_s(sb3_model(0), steps, WARMUP)
 
 
 def shoal_time(seed: int):

@@ -15,9 +15,8 @@ CarRacing needs hours of updates on these CPUs.
 from __future__ import annotations
 
 import argparse
-import time
 
-from common import isolated, machine, save
+from common import isolated, machine, sb3_steps_per_s, save, shoal_steps_per_s
 
 ENV, WARMUP, START, THREADS = "CarRacing-v3", 200, 100, 2
 
@@ -28,13 +27,7 @@ def shoal_rate(steps: int, batch_size: int, compress: bool) -> float:
     config = shoal.make_config("sac", ENV, total_steps=10**9, batch_size=batch_size, buffer_size=10_000,
                                learning_starts=START, eval_interval=0, torch_threads=THREADS,
                                compress_observations=compress, progress=False, tensorboard=False)
-    with shoal.make(config) as algo:
-        while algo.env_steps < WARMUP:
-            algo.train()
-        start, first = time.perf_counter(), algo.env_steps
-        while algo.env_steps - first < steps:
-            algo.train()
-        return (algo.env_steps - first) / (time.perf_counter() - start)
+    return shoal_steps_per_s(config, steps, WARMUP)
 
 
 def sb3_rate(steps: int, batch_size: int) -> float:
@@ -44,10 +37,7 @@ def sb3_rate(steps: int, batch_size: int) -> float:
     torch.set_num_threads(THREADS)
     model = SAC("CnnPolicy", ENV, batch_size=batch_size, buffer_size=10_000, learning_starts=START, seed=0,
                 device="cpu")
-    model.learn(WARMUP)
-    start, first = time.perf_counter(), model.num_timesteps
-    model.learn(steps, reset_num_timesteps=False)
-    return (model.num_timesteps - first) / (time.perf_counter() - start)
+    return sb3_steps_per_s(model, steps, WARMUP)
 
 
 def main() -> None:

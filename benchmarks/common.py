@@ -159,13 +159,16 @@ def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int
     return save_figure(fig, RESULTS / f"{name}.png", dpi=100)
 
 
-def shoal_steps_per_s(config, steps: int) -> float:
+def shoal_steps_per_s(config, steps: int, warmup: int = 0) -> float:
     """Env steps per wall second of shoal training ``config`` (sampling and updates, no
-    evaluation) over ``steps`` steps, after its first iteration (imports, the first Adam step)."""
+    evaluation) over ``steps`` steps, after its first iteration (imports, the first Adam step)
+    and at least ``warmup`` env steps (random ones before learning starts, say)."""
     import shoal
 
     with shoal.make(config) as algo:
         algo.train()
+        while algo.env_steps < warmup:
+            algo.train()
         start, first = time.perf_counter(), algo.env_steps
         while algo.env_steps - first < steps:
             algo.train()
