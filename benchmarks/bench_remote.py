@@ -40,7 +40,7 @@ SHOAL = str(Path(sys.executable).parent / "shoal")
 NODE_SERVER = (Path(__file__).parent.parent / "examples" / "node_simulator" / "server.js") if shutil.which("node") else None
 
 
-def start(args: list[str], program: list[str] = [SHOAL]) -> tuple[subprocess.Popen, str]:
+def start(args: list[str], program: tuple[str, ...] = (SHOAL,)) -> tuple[subprocess.Popen, str]:
     """Start a shoal server process (or ``program``'s) on a free port; returns it and its address."""
     proc = subprocess.Popen([*program, *args, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -120,7 +120,7 @@ def training_rate(iterations: int = 10, **sets) -> tuple[float, dict]:
     return rate, stats
 
 
-def served(args: list[str], seconds: float, program: list[str] = [SHOAL]) -> tuple[float, np.ndarray, float]:
+def served(args: list[str], seconds: float, program: tuple[str, ...] = (SHOAL,)) -> tuple[float, np.ndarray, float]:
     """An env server started with ``args``: its steps/s and latencies with random actions, and
     PPO's training env steps/s on it."""
     from shoal.remote.client import RemoteVectorEnv
@@ -166,7 +166,7 @@ def main() -> None:
                             "ppo_ratio": remote_training / local_training}
     if NODE_SERVER and shutil.which("npm"):
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_SERVER.parent, check=True, capture_output=True)
-        node_rate, node_lat, node_training = served(["--num-envs", "64"], args.seconds, ["node", str(NODE_SERVER)])
+        node_rate, node_lat, node_training = served(["--num-envs", "64"], args.seconds, ("node", str(NODE_SERVER)))
         print(f"CartPole-v1 x 64 envs served by the Node.js simulator (examples/node_simulator): {node_rate:,.0f} "
               f"steps/s, {node_rate / remote_rate:.2f}x the Python env server's; round trip p50 "
               f"{ms(node_lat, 50):.2f} ms, p99 {ms(node_lat, 99):.2f} ms; PPO training on them {node_training:,.0f} "

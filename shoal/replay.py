@@ -187,18 +187,16 @@ class NStep:
         self.pending = {k: deque(v) for k, v in pending.items()}
 
 
-def compress_rows(values: np.ndarray, dtype: Any = None, row_bytes: int | None = None) -> np.ndarray:
+def compress_rows(values: np.ndarray) -> np.ndarray:
     """Observations [N, ...] as N LZ4 blocks (an object array of ``bytes``), as
     :class:`CompressedRows` keeps them. Ape-X runners compress what they insert themselves: the
     work leaves the shard, which every runner waits on, and an Atari rollout travels to it in
     1/12-1/50 of the bytes."""
     import lz4.block
 
-    values = np.ascontiguousarray(values, dtype)
+    values = np.ascontiguousarray(values)
     rows = np.empty(len(values), object)
     rows[:] = [lz4.block.compress(v, store_size=False) for v in values.reshape(len(values), -1)]
-    if row_bytes is not None and len(values) and values[0].nbytes != row_bytes:
-        raise ValueError(f"observations of {values[0].nbytes} bytes for a column of {row_bytes}-byte rows")
     return rows
 
 
@@ -219,7 +217,9 @@ class CompressedRows:
 
     def __setitem__(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Store observations [N, *shape], or rows :func:`compress_rows` made of them already."""
-        self.rows[idx] = values if values.dtype == object else compress_rows(values, self.dtype, self.row_bytes)
+        if values.dtype != object:  # the column's dtype and shape, as a NumPy column would insist on
+            values = compress_rows(np.asarray(values, self.dtype).reshape(len(idx), *self.shape))
+        self.rows[idx] = values
 
     def __getitem__(self, idx: np.ndarray) -> np.ndarray:
         import lz4.block
@@ -270,9 +270,10 @@ class ReplayBuffer:
                  min_size_to_sample: int = 1, error_buffer: float | None = None, seed: int = 0,
                  hindsight: Hindsight | None = None, compress: bool = False):
         self.capacity, self.gamma, self.n_step = capacity, gamma, n_step
-        column = (lambda: CompressedRows(capacity, obs_shape, obs_dtype)) if compress else (
-            lambda: np.zeros((capacity, *obs_shape), obs_dtype))
-        self.obs, self.next_obs = column(), column()
+        if compress:
+            self.obs, self.next_obs = (CompressedRows(capacity, obs_shape, obs_dtype) for _ in range(2))
+        else:
+            self.obs, self.next_obs = (np.zeros((capacity, *obs_shape), obs_dtype) for _ in range(2))
         self.obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize  # one observation, uncompressed
         self.actions = np.zeros((capacity, *action_shape), action_dtype)
         self.rewards = np.zeros(capacity, np.float32)
