@@ -18,7 +18,7 @@ from shoal import checkpoint as ckpt
 from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
-from shoal.envs import all_spaces, describe_space, policy_misfit, space_from_description
+from shoal.envs import EnvOptions, all_spaces, describe_space, policy_misfit, space_from_description
 from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
@@ -38,7 +38,7 @@ class Algorithm:
         self.started = time.perf_counter()
         self.config, self.spec = config, spec_for(config)
         set_up_torch(config.torch_threads)  # before this process's first torch op (the policy below)
-        self.obs_space, self.action_space, own = all_spaces(config.env, config.env_kwargs)
+        self.obs_space, self.action_space, own = all_spaces(config.env, config.env_kwargs, EnvOptions.of(config))
         # the env's own observations, where shoal flattens them and a checkpoint can describe them:
         # deployments (the policy server) take those too, without making the env
         self.env_obs_space = own if isinstance(own, ONE_HOT_SPACES) else None

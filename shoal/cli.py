@@ -203,7 +203,7 @@ class EvalArgs:
 def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
-    from shoal.envs import env_spaces, is_remote, make_vector_env, policy_misfit
+    from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
     from shoal.evaluator import record_episodes, run_episodes
 
     from shoal.config import parse_set
@@ -225,17 +225,20 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         env_kwargs = run_kwargs if env_id == getattr(policy.config, "env", env_id) else {}
     if args.video and is_remote(env_id):
         raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
-    misfit = policy_misfit((policy.observation_space, policy.action_space), env_spaces(env_id, env_kwargs))
+    # The run's frame stack and mask source make its observations what the policy takes: any env it
+    # is evaluated on here gets them too (an env server stacks its own: --frame-stack there)
+    options = EnvOptions() if is_remote(env_id) else EnvOptions.of(policy.config)
+    misfit = policy_misfit((policy.observation_space, policy.action_space), env_spaces(env_id, env_kwargs, options))
     if misfit:
         raise ShoalError(f"checkpoint {path} does not fit {env_id}: {misfit}")
     deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
     if args.video:  # the statistics of the recorded episodes themselves: one pass, not two
         paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
-                                        args.video, args.max_steps, env_kwargs)
+                                        args.video, args.max_steps, env_kwargs, options)
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
     else:
-        envs = make_vector_env(env_id, args.episodes, env_kwargs)
+        envs = make_vector_env(env_id, args.episodes, env_kwargs, options)
         result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     success = f"success {result['eval/success_rate']:.0%}; " if "eval/success_rate" in result else ""
@@ -356,6 +359,12 @@ class ServeEnvArgs:
     env_kwargs: tuple[str, ...] = ()
     """KEY=VALUE keyword arguments of ENV_ID's constructor, as gym.make takes them (values read as
     YAML): --env-kwargs is_slippery=false."""
+    frame_stack: int | None = None
+    """Serve the last N observations stacked together (as a run's --frame-stack stacks them; Atari
+    games: 4 unless given), for every env id served."""
+    info_action_mask: bool = False
+    """Serve the legal actions, read from info["action_mask"], as each observation's mask (as a
+    run's --info-action-mask)."""
     num_envs: int = 8
     """Envs per client session, stepped together as one batch per request."""
     host: str = "127.0.0.1"
@@ -399,6 +408,7 @@ def _gather(argv: list[str], flag: str) -> list[str]:
 
 
 def cmd_serve_env(argv: list[str], console: Console) -> int:
+    from shoal.envs import EnvOptions
     from shoal.remote.envserver import EnvServer
     from shoal.remote.server import read_token
 
@@ -407,12 +417,17 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
         raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
+    if args.frame_stack is not None and args.frame_stack < 1:
+        raise ShoalError("--frame-stack must be at least 1 (1: no stacking)")
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
                        env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
+                       env_options=EnvOptions(args.frame_stack, args.info_action_mask),
                        session_timeout_s=args.session_timeout_s, host=args.host, port=args.port,
                        token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                        tls_cert=args.tls_cert, tls_key=args.tls_key)
     made = "".join(f"{k}={v!r}, " for k, v in server.env_kwargs.items())
+    made += f"frame stack {args.frame_stack}, " if args.frame_stack is not None else ""
+    made += "action mask from info, " if args.info_action_mask else ""
     return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)")
 
 

@@ -34,6 +34,13 @@ class Config:
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of the env's constructor, as gym.make(env, **env_kwargs) takes them:
     --env-kwargs is_slippery=false map_name=8x8 (values read as YAML)."""
+    frame_stack: int | None = None
+    """Observe the last N observations stacked together, so that a feed-forward policy sees motion
+    (CartPoleNoVel-v1's velocities, a car's speed): vectors become [N, ...], images get N times
+    their channels. Default: 4 for Atari games (part of their preprocessing), else none (1)."""
+    info_action_mask: bool = False
+    """Read the legal actions from info["action_mask"] after each reset and step (Gymnasium's Taxi
+    gives it there), as an observation's action_mask entry is read."""
     backend: Literal["local", "ray"] = "local"
     """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
     address: str | None = None
@@ -127,6 +134,7 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
+        _check(self.frame_stack is None or self.frame_stack >= 1, "frame_stack must be at least 1 (1: no stacking)")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
@@ -141,6 +149,10 @@ class Config:
             from shoal.envs import REMOTE_KWARGS
 
             raise ConfigError(REMOTE_KWARGS)
+        elif self.frame_stack is not None or self.info_action_mask:
+            from shoal.envs import REMOTE_OPTIONS
+
+            raise ConfigError(REMOTE_OPTIONS)
 
     @property
     def num_envs(self) -> int:

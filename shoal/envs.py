@@ -9,6 +9,7 @@ import io
 import os
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -123,9 +124,36 @@ def register_spec(spec: Any) -> None:
         gym.registry[spec.id] = spec
 
 
-def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any] | None = None) -> gym.Env:
+@dataclass(frozen=True)
+class EnvOptions:
+    """What a run asks of its envs besides their constructor's kwargs, the same for every env it
+    makes (runners', the evaluator's, the one its spaces come from, a deployed policy's), since
+    they change what an observation is."""
+
+    frame_stack: int | None = None
+    """The last N observations stacked into one (None: the env's own, Atari's 4, else 1)."""
+    info_action_mask: bool = False
+    """The legal actions are read from ``info["action_mask"]`` after each reset and step."""
+
+    @classmethod
+    def of(cls, config: Any) -> EnvOptions:
+        """A run's options, from its config (a config without these settings asks for none)."""
+        return cls(getattr(config, "frame_stack", None), bool(getattr(config, "info_action_mask", False)))
+
+    @property
+    def given(self) -> bool:
+        """Whether these ask anything of an env: envs served remotely are made by their server."""
+        return self.frame_stack is not None or self.info_action_mask
+
+
+NO_OPTIONS = EnvOptions()
+
+
+def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any] | None = None,
+             options: EnvOptions = NO_OPTIONS) -> gym.Env:
     """One Gymnasium env, with the failure of a missing optional dependency made readable.
-    ``kwargs`` go to the env's constructor, as ``gym.make(env_id, **kwargs)`` gives them."""
+    ``kwargs`` go to the env's constructor, as ``gym.make(env_id, **kwargs)`` gives them;
+    ``options`` say how shoal wraps it."""
     if is_remote(env_id):
         raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
@@ -136,7 +164,7 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
     try:
         # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
         # even as None, and a custom env's __init__ need not take it.
-        return _made(env_id, **{**(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode})})
+        return _made(env_id, options, **{**(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode})})
     except gym.error.DependencyNotInstalled as e:
         raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
     except ShoalError:
@@ -148,6 +176,8 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
 
 REMOTE_KWARGS = ("env_kwargs apply to envs made in this process; an env server makes its own: give them to "
                  "`shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
+REMOTE_OPTIONS = ("frame_stack and info_action_mask apply to envs made in this process; an env server makes its "
+                  "own: give them to `shoal serve-env ENV_ID --frame-stack N --info-action-mask`")
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
@@ -165,7 +195,7 @@ def is_atari(env_id: str) -> bool:
     return _entry_point(env_id) == "ale_py.env:AtariEnv"
 
 
-def _made(env_id: str, **kwargs: Any) -> gym.Env:
+def _made(env_id: str, options: EnvOptions = NO_OPTIONS, **kwargs: Any) -> gym.Env:
     """``gym.make``, with observations that are not a Box (FrozenLake's and Taxi's Discrete, Blackjack's
     Tuple, Dicts of those) flattened into a float32 Box: one-hot for each discrete part, as
     stable-baselines3 encodes Discrete observations. The policies' MLPs take a Box.
@@ -179,7 +209,12 @@ def _made(env_id: str, **kwargs: Any) -> gym.Env:
 
     MiniGrid's observations are a dict of the agent's 7x7 view (uint8 [7, 7, 3]: object, colour
     and state per cell), its direction and the mission's text: they become the view alone
-    (MiniGrid's ImgObsWrapper, as its own baselines train), which the image encoders take."""
+    (MiniGrid's ImgObsWrapper, as its own baselines train), which the image encoders take.
+
+    ``options.info_action_mask`` puts ``info["action_mask"]`` into the observation, as an
+    ``action_mask`` entry would be; ``options.frame_stack`` stacks what all this gives (see
+    :func:`stack_frames`), or sets the size of an Atari game's stack."""
+    name = f"environment {env_id!r}"
     if is_atari(env_id):
         from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
 
@@ -190,21 +225,106 @@ def _made(env_id: str, **kwargs: Any) -> gym.Env:
             base.close()
             raise ShoalError(f"environment {env_id!r} needs opencv for its preprocessing "
                              "(`pip install 'shoal[atari]'`)") from None
-        return FrameStackObservation(env, ATARI_FRAME_STACK)
+        if options.info_action_mask:
+            env.close()
+            raise ShoalError(f"{name} gives no action mask in its info: Atari games take every action")
+        stack = ATARI_FRAME_STACK if options.frame_stack is None else options.frame_stack
+        return env if stack == 1 else FrameStackObservation(env, stack)
     env = gym.make(env_id, **kwargs)
+    if options.info_action_mask:
+        env = InfoActionMask(env, env_id)
     if _entry_point(env_id).startswith("minigrid."):
         from minigrid.wrappers import ImgObsWrapper
 
-        return ImgObsWrapper(env)
-    if gives_action_mask(env):
-        return ActionMaskObservation(env, env_id)
-    if isinstance(env.observation_space, FLATTENED):
+        env = ImgObsWrapper(env)
+    elif gives_action_mask(env):
+        env = ActionMaskObservation(env, env_id)
+    elif isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
         with warnings.catch_warnings():  # float64 bounds (Gymnasium-Robotics') become float32's, as meant
             warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
             env = DtypeObservation(FlattenObservation(env), np.float32)
+    if options.frame_stack is not None and options.frame_stack > 1:
+        env = stack_frames(env, options.frame_stack, name)
     return env
+
+
+def stack_frames(env: gym.Env, n: int, name: str) -> gym.Env:
+    """``env`` with its last ``n`` observations as one (Gymnasium's FrameStackObservation; the
+    first observation of an episode repeated before it, as there). Vectors [D] become [n, D];
+    images gain channels: n x C for HWC frames ([H, W, n x C], the oldest first), [n, H, W] for
+    2-D ones, as Atari's stack is. The stack must stay recognisable as an image's channels (the
+    smallest dimension, :func:`shoal.policy.image_layout`)."""
+    from gymnasium.wrappers import FrameStackObservation, TransformObservation
+
+    from shoal.policy import image_layout, is_image
+
+    space = env.observation_space
+    if isinstance(space, MaskedBox):
+        env.close()
+        raise ShoalError(f"{name} gives an action mask: frame_stack stacks observations without one")
+    if not isinstance(space, gym.spaces.Box):
+        env.close()
+        raise ShoalError(f"{name}'s observations are a {space}: frame_stack stacks Box observations")
+    stacked = FrameStackObservation(env, n)
+    if not is_image(space) or len(space.shape) == 2:
+        if is_image(space) and image_layout(stacked.observation_space.shape)[0] != stacked.observation_space.shape:
+            stacked.close()
+            raise ShoalError(f"frame_stack {n} of {name}'s {space.shape[0]}x{space.shape[1]} images gives more "
+                             "channels than the images have pixels a side: stack fewer")
+        return stacked
+    (c, h, w), last = image_layout(space.shape)
+    if not last:  # [C, H, W] frames: [n, C, H, W] -> [n x C, H, W]
+        shape = (n * c, h, w)
+        to_channels = lambda o: o.reshape(shape)  # noqa: E731
+    else:  # [H, W, C] frames: [n, H, W, C] -> [H, W, n x C]
+        shape = (h, w, n * c)
+        to_channels = lambda o: np.ascontiguousarray(np.moveaxis(o, 0, 2)).reshape(shape)  # noqa: E731
+    if image_layout(shape) != ((n * c, h, w), last):
+        stacked.close()
+        raise ShoalError(f"frame_stack {n} of {name}'s images {space.shape} gives {n * c} channels, more than the "
+                         "images have pixels a side: stack fewer")
+    low, high = (to_channels(b) for b in (stacked.observation_space.low, stacked.observation_space.high))
+    return TransformObservation(stacked, to_channels, gym.spaces.Box(low, high, dtype=space.dtype))
+
+
+class InfoActionMask(gym.Wrapper):
+    """An env that gives its legal actions in ``info["action_mask"]`` after each reset and step
+    (Gymnasium's Taxi), made one whose observations are a Dict of the observation and that mask
+    (1: legal, 0: not), as :class:`ActionMaskObservation` takes them."""
+
+    def __init__(self, env: gym.Env, env_id: str = ""):
+        super().__init__(env)
+        self.name = f"environment {env_id!r}" if env_id else "the environment"
+        choices = action_choices(env.action_space)
+        if choices is None:
+            raise ShoalError(f"info_action_mask: {self.name}'s actions are continuous ({env.action_space}); masks "
+                             "apply to Discrete, MultiDiscrete and MultiBinary actions")
+        if isinstance(env.observation_space, gym.spaces.Dict):
+            raise ShoalError(f"info_action_mask: {self.name}'s observations are a Dict; give its mask as their "
+                             "action_mask entry instead")
+        self.observation_space = gym.spaces.Dict({"observation": env.observation_space,
+                                                  "action_mask": gym.spaces.MultiBinary(choices)})
+
+    def _with_mask(self, obs: Any, info: dict[str, Any]) -> dict[str, Any]:
+        mask = info.get("action_mask")
+        if mask is None:
+            raise ShoalError(f"info_action_mask: {self.name} gave no info['action_mask'] (its info has "
+                             f"{sorted(info) or 'no entries'})")
+        mask = np.asarray(mask, np.int8).reshape(-1)
+        if mask.size != self.observation_space["action_mask"].n:
+            raise ShoalError(f"info_action_mask: {self.name}'s info['action_mask'] has {mask.size} entries, where "
+                             f"its action space {self.env.action_space} needs {self.observation_space['action_mask'].n}")
+        return {"observation": obs, "action_mask": mask}
+
+    def reset(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        obs, info = self.env.reset(**kwargs)
+        return self._with_mask(obs, info), info
+
+    def step(self, action: Any) -> tuple[dict[str, Any], Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with_mask(obs, info), reward, terminated, truncated, info
 
 
 class MaskedBox(gym.spaces.Box):
@@ -423,8 +543,9 @@ class ResilientVectorEnv(SyncVectorEnv):
         return self.envs[i].reset(seed=seed)
 
 
-def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None) -> gym.vector.VectorEnv:
-    """A synchronous vector env of ``num_envs`` copies, each made with ``kwargs``.
+def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None,
+                    options: EnvOptions = NO_OPTIONS) -> gym.vector.VectorEnv:
+    """A synchronous vector env of ``num_envs`` copies, each made with ``kwargs`` and ``options``.
 
     Same-step autoreset: when an episode ends, ``step`` returns the first observation of the next
     episode and puts the last one in ``info["final_obs"]``, so a truncated episode can be
@@ -436,35 +557,46 @@ def make_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any] | None = 
     if is_remote(env_id):
         from shoal.remote.client import RemoteVectorEnv
 
-        if kwargs:
-            raise ShoalError(REMOTE_KWARGS)
+        _check_remote(kwargs, options)
         return RemoteVectorEnv(env_id)
-    make_env(env_id, kwargs=kwargs).close()  # fail early, with a clear message, before building N copies
+    make_env(env_id, kwargs=kwargs, options=options).close()  # fail early, with a clear message, before N copies
     kwargs = dict(kwargs or {})
-    return ResilientVectorEnv([lambda: _made(env_id, **kwargs) for _ in range(num_envs)])
+    return ResilientVectorEnv([lambda: _made(env_id, options, **kwargs) for _ in range(num_envs)])
 
 
-def env_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space]:
-    """Observation and action space of one copy of ``env_id`` (made with ``kwargs``)."""
-    return all_spaces(env_id, kwargs)[:2]
+def _check_remote(kwargs: dict[str, Any] | None, options: EnvOptions) -> None:
+    if kwargs:
+        raise ShoalError(REMOTE_KWARGS)
+    if options.given:
+        raise ShoalError(REMOTE_OPTIONS)
 
 
-def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None) -> tuple[gym.Space, gym.Space, gym.Space | None]:
+def env_spaces(env_id: str, kwargs: dict[str, Any] | None = None,
+               options: EnvOptions = NO_OPTIONS) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one copy of ``env_id`` (made with ``kwargs`` and ``options``)."""
+    return all_spaces(env_id, kwargs, options)[:2]
+
+
+def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None,
+               options: EnvOptions = NO_OPTIONS) -> tuple[gym.Space, gym.Space, gym.Space | None]:
     """:func:`env_spaces`, and the env's own observation space where shoal flattens it (None
-    otherwise, and for env servers, which flatten on their side)."""
+    otherwise, for env servers, which flatten on their side, and where frames are stacked: a
+    policy then takes stacks only). An env whose mask comes in its info has its observation's
+    own space: a deployed policy takes that observation and the mask as ``action_mask``."""
     if is_remote(env_id):
-        if kwargs:
-            raise ShoalError(REMOTE_KWARGS)
+        _check_remote(kwargs, options)
         from shoal.remote.client import describe
         from shoal.remote.wire import decode_space
 
         info = describe(env_id)
         return decode_space(info.observation_space), decode_space(info.action_space), None
-    env = make_env(env_id, kwargs=kwargs)
+    env = make_env(env_id, kwargs=kwargs, options=options)
     try:
         own, inner = None, env
-        while isinstance(inner, gym.Wrapper):
+        while isinstance(inner, gym.Wrapper) and not isinstance(inner, gym.wrappers.FrameStackObservation):
             if own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation)):
+                own = inner.env.observation_space
+            if isinstance(inner, InfoActionMask):
                 own = inner.env.observation_space
             inner = inner.env
         return env.observation_space, env.action_space, own

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
-from shoal.envs import file_name, make_env, make_vector_env
+from shoal.envs import NO_OPTIONS, EnvOptions, file_name, make_env, make_vector_env
 from shoal.errors import ShoalError
 from shoal.policy import PolicyModule, set_up_torch, set_weights
 
@@ -71,11 +71,12 @@ def episode_stats(returns: np.ndarray, lengths: np.ndarray, successes: np.ndarra
 @torch.no_grad()
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
                     video_dir: str | Path, max_steps: int,
-                    env_kwargs: dict[str, Any] | None = None) -> tuple[list[Path], dict[str, float]]:
+                    env_kwargs: dict[str, Any] | None = None,
+                    options: EnvOptions = NO_OPTIONS) -> tuple[list[Path], dict[str, float]]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
-    probe = make_env(env_id, kwargs=env_kwargs)
+    probe = make_env(env_id, kwargs=env_kwargs, options=options)
     modes = list(probe.metadata.get("render_modes") or [])
     probe.close()
     if "rgb_array" not in modes:
@@ -88,7 +89,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ShoalError(f"cannot write videos into {out}: {e.strerror}") from None
-    env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs)
+    env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs, options=options)
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
     paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
@@ -151,7 +152,7 @@ class Evaluator:
 
         set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
-        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs))
+        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs, EnvOptions.of(config)))
         self.version = -1
         self.envs: dict[int, VectorEnv] = {}  # by episode count, built once: Box2D envs are slow to make
 
@@ -162,7 +163,8 @@ class Evaluator:
             self.version, weights = got
             set_weights(self.policy, weights)
         if episodes not in self.envs:
-            self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs)
+            self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs,
+                                                      EnvOptions.of(self.config))
         result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
                                               self.config.eval_max_steps, episodes)
         result["eval/policy_version"] = self.version

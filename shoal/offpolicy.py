@@ -120,6 +120,8 @@ class OffPolicyConfig(Config):
                    "transitions, not whole episodes)")
             _check(not self.env.startswith("remote://"), "--her-goals needs the env's compute_reward in the "
                    "learner, and an env server does not send it: train on the env in-process")
+            _check((self.frame_stack or 1) == 1 and not self.info_action_mask, "--her-goals relabels each "
+                   "observation's goal: it takes neither --frame-stack nor --info-action-mask")
 
     @property
     def steps_per_rollout(self) -> int:

@@ -692,6 +692,17 @@ class Policy:
             obs[..., -k:] = mask
         return obs
 
+    def make_env(self, render_mode: str | None = None) -> gym.Env:
+        """One env of the run this policy was trained in, as the run made it: its env_kwargs, its
+        frame stack and where its action mask comes from, so that its observations go to
+        :meth:`act` as they are (a policy trained on stacked frames takes stacks)."""
+        from shoal.envs import EnvOptions, make_env
+
+        env = getattr(self.config, "env", None)
+        if env is None:
+            raise ShoalError("this policy does not know the env it was trained in (no run settings)")
+        return make_env(env, render_mode, getattr(self.config, "env_kwargs", None), EnvOptions.of(self.config))
+
     def export_onnx(self, path: str | Path) -> dict[str, Any]:
         """Write this policy's most likely actions as an ONNX model at ``path``, checked against
         :meth:`act` with ONNX Runtime first (see :mod:`shoal.export`; the ``export`` extra)."""
@@ -714,7 +725,7 @@ class Policy:
         (FrozenLake's Discrete, Blackjack's Tuple): :meth:`act` takes those too. None for any
         other env, or where the env is not installed (the policy then takes flat vectors only).
         The checkpoint's record, when it has one; else the env is made here once to find out."""
-        from shoal.envs import all_spaces, is_remote
+        from shoal.envs import EnvOptions, all_spaces, is_remote
 
         if self.saved_env_observation_space is not None:
             return self.saved_env_observation_space
@@ -723,7 +734,8 @@ class Policy:
             self._env_space = None
             if env is not None and not is_remote(env) and not self.module.image:
                 try:
-                    self._env_space = all_spaces(env, getattr(self.config, "env_kwargs", None))[2]
+                    self._env_space = all_spaces(env, getattr(self.config, "env_kwargs", None),
+                                                  EnvOptions.of(self.config))[2]
                 except Exception:  # the env (or a package it needs) is not installed where the policy is deployed
                     pass
         return self._env_space

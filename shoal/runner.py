@@ -63,7 +63,7 @@ class EnvRunner:
     def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None,
                  incarnation: int = 0):
         from shoal.algos import spec_for
-        from shoal.envs import make_vector_env
+        from shoal.envs import EnvOptions, make_vector_env
 
         set_up_torch(config.torch_threads)
         self.config, self.runner_id, self.store, self.policy_id = config, runner_id, store, policy_id
@@ -74,7 +74,8 @@ class EnvRunner:
             from shoal.replay import NStep
 
             self.nstep = NStep(config.gamma, config.n_step)
-        self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs)
+        self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs,
+                                   EnvOptions.of(config))
         self.policy = spec_for(config).make_policy(
             config, self.env.single_observation_space, self.env.single_action_space)
         self.policy.reset_memory(self.env.num_envs)

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from shoal.envs import make_vector_env
+from shoal.envs import NO_OPTIONS, EnvOptions, make_vector_env
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.server import Abort, GrpcServer, log
@@ -30,9 +30,10 @@ ENV_ERROR_LOG_INTERVAL_S = 10.0
 class Session:
     """One client's vector env."""
 
-    def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None):
+    def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None,
+                 options: EnvOptions = NO_OPTIONS):
         self.env_id = env_id
-        self.env = make_vector_env(env_id, num_envs, kwargs)
+        self.env = make_vector_env(env_id, num_envs, kwargs, options)
         self.lock = threading.Lock()
         self.last_used = time.monotonic()
         self.needs_reset = True
@@ -42,15 +43,17 @@ class EnvServer:
     """Hosts sessions of ``env_id`` (or of the ``allow``-ed ids a client asks for)."""
 
     def __init__(self, env_id: str, num_envs: int = 8, *, allow: tuple[str, ...] = (), max_sessions: int = 16,
-                 session_timeout_s: float = 300.0, env_kwargs: dict[str, Any] | None = None, **server_options: Any):
+                 session_timeout_s: float = 300.0, env_kwargs: dict[str, Any] | None = None,
+                 env_options: EnvOptions = NO_OPTIONS, **server_options: Any):
         if num_envs < 1:
             raise ShoalError("--num-envs must be at least 1")
         self.env_id, self.num_envs = env_id, num_envs
         self.env_kwargs = dict(env_kwargs or {})  # for env_id's envs; allowed ids are made as they are
+        self.env_options = env_options  # for every id served
         self.allowed = {env_id, *allow}
         self.info: dict[str, pb.EnvInfo] = {}
         for eid in sorted(self.allowed):  # every allowed id must build, before serving anything
-            env = make_vector_env(eid, 1, self.env_kwargs if eid == env_id else None)
+            env = make_vector_env(eid, 1, self.env_kwargs if eid == env_id else None, env_options)
             self.info[eid] = pb.EnvInfo(env_id=eid, num_envs=num_envs,
                                         observation_space=encode_space(env.single_observation_space),
                                         action_space=encode_space(env.single_action_space))
@@ -133,7 +136,7 @@ class EnvServer:
             raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"server holds its maximum of {self.max_sessions} sessions; close one or retry later")
         key = uuid.uuid4().hex
-        session = Session(env_id, self.num_envs, self.env_kwargs if env_id == self.env_id else None)
+        session = Session(env_id, self.num_envs, self.env_kwargs if env_id == self.env_id else None, self.env_options)
         with self.lock:
             self.sessions[key] = session
         return pb.OpenReply(session=key, info=self.info[env_id])

@@ -278,7 +278,7 @@ def _first_policy(source: Path, follow: bool) -> Policy:
     load."""
     from shoal.algorithm import load_policy
     from shoal.algos import get
-    from shoal.envs import all_spaces
+    from shoal.envs import EnvOptions, all_spaces
     from shoal.trainer import run_config
 
     try:
@@ -287,7 +287,7 @@ def _first_policy(source: Path, follow: bool) -> Policy:
         if not (follow and (source / LIVE).is_file()):
             raise
     algo, config = run_config(source)
-    obs_space, action_space, own = all_spaces(config.env, config.env_kwargs)
+    obs_space, action_space, own = all_spaces(config.env, config.env_kwargs, EnvOptions.of(config))
     return Policy(get(algo).make_policy(config, obs_space, action_space), version=-1, config=config,
                   env_observation_space=own if isinstance(own, ONE_HOT_SPACES) else None)
 
