@@ -87,7 +87,7 @@ def shoal_time_to(config, target: float, check_episodes: int = 0) -> Reached:
     import tempfile
 
     import shoal
-    from shoal.envs import make_vector_env
+    from shoal.envs import EnvOptions, make_vector_env
     from shoal.evaluator import run_episodes
 
     with tempfile.TemporaryDirectory() as d:
@@ -98,19 +98,21 @@ def shoal_time_to(config, target: float, check_episodes: int = 0) -> Reached:
         check = float("nan")
         if check_episodes:
             policy = shoal.load_policy(d)  # the newest checkpoint: the run's final weights
-            check = run_episodes(policy.module, make_vector_env(config.env, check_episodes), True,
+            check = run_episodes(policy.module, make_vector_env(config.env, check_episodes, config.env_kwargs,
+                                                                EnvOptions.of(config)), True,
                                  config.seed + CHECK_SEED_OFFSET, max_steps=100_000)["eval/return_mean"]
     return Reached.first(curve, target, summary["env_steps"], check)
 
 
 def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, budget: int,
-                check_episodes: int = 0, eval_callback=None) -> Reached:
+                check_episodes: int = 0, eval_callback=None, wrap=lambda envs: envs) -> Reached:
     """Train the stable-baselines3 model ``build()`` makes for up to ``budget`` env steps, with the
     evaluation shoal's runs make (every ``eval_every`` steps, 10 deterministic episodes on a 10-env
     vector env), stopping at the first evaluation that reaches ``target``. Time runs from building
     the model (and its evaluation env) to the end of each evaluation. Then, untimed, the final
     policy plays ``check_episodes``. ``eval_callback``: the evaluation's callback class (default
-    EvalCallback; sb3-contrib's MaskableEvalCallback for masked models)."""
+    EvalCallback; sb3-contrib's MaskableEvalCallback for masked models). ``wrap``: what the model's
+    own vector env is wrapped in (VecFrameStack, say), given to the evaluation's too."""
     from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.env_util import make_vec_env
@@ -123,14 +125,14 @@ def sb3_time_to(build, env_id: str, target: float, seed: int, eval_every: int, b
             return curve[-1][2] < target
 
     start = time.perf_counter()
-    eval_env = make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000)
+    eval_env = wrap(make_vec_env(env_id, n_envs=10, seed=seed + 1_000_000))
     callback = (eval_callback or EvalCallback)(eval_env, callback_after_eval=RecordAndStop(), eval_freq=eval_every, n_eval_episodes=10,
                             deterministic=True, verbose=0)
     model = build()
     model.learn(budget, callback=callback)
     check = float("nan")
     if check_episodes:
-        check_env = make_vec_env(env_id, n_envs=min(check_episodes, 10), seed=seed + CHECK_SEED_OFFSET)
+        check_env = wrap(make_vec_env(env_id, n_envs=min(check_episodes, 10), seed=seed + CHECK_SEED_OFFSET))
         check = float(evaluate_policy(model, check_env, n_eval_episodes=check_episodes, deterministic=True)[0])
     return Reached.first(curve, target, model.num_timesteps, check)
 
