@@ -237,7 +237,8 @@ class PolicyModule(nn.Module):
             self.channels_last = image_layout(obs_space.shape)[1]
             self.encoder = ConvEncoder(self.input_shape)
             self.feature_dim = self.encoder.out_dim
-        self.obs_norm = RunningNorm(obs_space.shape) if normalize_obs else None
+        # over the flat vector the network takes (a stack of frames, any Box of 2+ dimensions)
+        self.obs_norm = RunningNorm((self.obs_dim,)) if normalize_obs else None
         # What env_actions adds, clips to and casts to, worked out once (not per env step); not in
         # the state dict: they follow from the action space a checkpoint records.
         self.env_dtype = torch.from_numpy(np.zeros(0, action_space.dtype)).dtype

@@ -207,3 +207,18 @@ def test_sac_trains_and_evaluates_on_stacked_pixel_frames(tmp_path):
     assert policy.observation_space.shape == (10, 10, 4) and policy.module.input_shape == (4, 10, 10)
     obs, _ = policy.make_env().reset(seed=0)
     assert policy.act(obs).shape == (2,)
+
+
+def test_observation_normalisation_runs_over_the_flat_stack(tmp_path):
+    """normalize_obs keeps one mean and variance per entry of the flat vector the network takes:
+    a stack of 3 Pendulum observations has 9 (it failed on the [3, 3] shape before)."""
+    config = shoal.PPOConfig(env="Pendulum-v1", frame_stack=3, normalize_obs=True, total_steps=512,
+                             num_envs_per_runner=4, rollout_steps=64, minibatch_size=64, num_epochs=1,
+                             eval_interval=0, eval_episodes=1, progress=False, tensorboard=False)
+    with shoal.make(config) as algo:
+        algo.train()
+        norm = algo.get_policy().module.obs_norm
+        assert norm.mean.shape == (9,)
+        # cos and sin of the angle are the first two entries of each of the three observations
+        assert np.all(np.abs(norm.mean.numpy().reshape(3, 3)[:, :2]) <= 1) and norm.count >= 256
+        assert np.all(norm.var.numpy() != 1)  # every entry's was updated
