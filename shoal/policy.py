@@ -671,7 +671,10 @@ class Policy:
             raise ShoalError("this policy takes no action mask: its env gave none when it was trained")
         single = obs.shape == shape
         if not single and obs.shape[1:] != shape:
-            raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape} "
+            stack = getattr(self.config, "frame_stack", None) or 1
+            hint = (f" (stacks of the last {stack} observations, as its run's frame_stack made them: "
+                    "policy.make_env() gives its env stacking them)" if stack > 1 else "")
+            raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape}{hint} "
                              f"or a batch of shape (N, {', '.join(map(str, shape))})")
         return self.module.normalize(torch.as_tensor(obs[None] if single else obs)), single
 

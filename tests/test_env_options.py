@@ -195,6 +195,10 @@ def test_ppo_learns_cartpole_without_velocities_from_four_stacked_frames(tmp_pat
     assert main(["eval", str(tmp_path / "run"), "--episodes", "3"]) == 0
     out = capsys.readouterr().out
     assert float(out.split("return ")[1].split()[0]) >= 400, out
+    # an observation alone, unstacked, is refused with the way to stack it
+    with pytest.raises(ShoalError, match=r"takes one of shape \(4, 4\) \(stacks of the last 4 observations, as its "
+                                         r"run's frame_stack made them: policy.make_env\(\) gives its env"):
+        policy.act(obs[-1])
 
 
 def test_sac_trains_and_evaluates_on_stacked_pixel_frames(tmp_path):
