@@ -18,11 +18,11 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,robotics]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,robotics,mujoco]'
 
 install-bench: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,bench,robotics]'
+	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,bench,robotics,mujoco]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475

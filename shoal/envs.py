@@ -166,7 +166,8 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
         # even as None, and a custom env's __init__ need not take it.
         return _made(env_id, options, **{**(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode})})
     except gym.error.DependencyNotInstalled as e:
-        raise ShoalError(f"environment {env_id!r} needs an extra package: {e}") from None
+        extra = " (`pip install 'shoal[mujoco]'`)" if _entry_point(env_id).startswith("gymnasium.envs.mujoco") else ""
+        raise ShoalError(f"environment {env_id!r} needs an extra package{extra}: {e}") from None
     except ShoalError:
         raise
     except Exception as e:  # the env's own constructor failed: say what it said, and where
@@ -268,23 +269,20 @@ def stack_frames(env: gym.Env, n: int, name: str) -> gym.Env:
         env.close()
         raise ShoalError(f"{name}'s observations are a {space}: frame_stack stacks Box observations")
     stacked = FrameStackObservation(env, n)
-    if not is_image(space) or len(space.shape) == 2:
-        if is_image(space) and image_layout(stacked.observation_space.shape)[0] != stacked.observation_space.shape:
-            stacked.close()
-            raise ShoalError(f"frame_stack {n} of {name}'s {space.shape[0]}x{space.shape[1]} images gives more "
-                             "channels than the images have pixels a side: stack fewer")
-        return stacked
+    if not is_image(space):
+        return stacked  # [n, *shape]: the policies flatten it
     (c, h, w), last = image_layout(space.shape)
-    if not last:  # [C, H, W] frames: [n, C, H, W] -> [n x C, H, W]
-        shape = (n * c, h, w)
-        to_channels = lambda o: o.reshape(shape)  # noqa: E731
-    else:  # [H, W, C] frames: [n, H, W, C] -> [H, W, n x C]
-        shape = (h, w, n * c)
-        to_channels = lambda o: np.ascontiguousarray(np.moveaxis(o, 0, 2)).reshape(shape)  # noqa: E731
+    shape = (h, w, n * c) if last else (n * c, h, w)
     if image_layout(shape) != ((n * c, h, w), last):
         stacked.close()
         raise ShoalError(f"frame_stack {n} of {name}'s images {space.shape} gives {n * c} channels, more than the "
                          "images have pixels a side: stack fewer")
+    if len(space.shape) == 2:
+        return stacked  # [n, H, W] already
+    if last:  # [n, H, W, C] -> [H, W, n x C]
+        to_channels = lambda o: np.ascontiguousarray(np.moveaxis(o, 0, 2)).reshape(shape)  # noqa: E731
+    else:  # [n, C, H, W] -> [n x C, H, W]
+        to_channels = lambda o: o.reshape(shape)  # noqa: E731
     low, high = (to_channels(b) for b in (stacked.observation_space.low, stacked.observation_space.high))
     return TransformObservation(stacked, to_channels, gym.spaces.Box(low, high, dtype=space.dtype))
 

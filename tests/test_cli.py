@@ -237,6 +237,23 @@ def test_make_config_layers_the_preset_as_the_command_does():
         shoal.make_config("dqn", "CartPole-v1", lrr=1e-3)
 
 
+def test_a_missing_mujoco_names_the_extra_that_installs_it(monkeypatch):
+    import gymnasium as gym
+
+    from shoal.envs import make_env
+    from shoal.errors import ShoalError
+
+    def no_mujoco(env_id, **kwargs):
+        raise gym.error.DependencyNotInstalled('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`')
+
+    monkeypatch.setattr(gym, "make", no_mujoco)
+    with pytest.raises(ShoalError, match=r"'Hopper-v5' needs an extra package \(`pip install 'shoal\[mujoco\]'`\): "
+                                         "MuJoCo is not installed"):
+        make_env("Hopper-v5")
+    with pytest.raises(ShoalError, match=r"'LunarLander-v3' needs an extra package: MuJoCo"):  # not a MuJoCo env
+        make_env("LunarLander-v3")
+
+
 # One env of each family a pattern key stands for
 PATTERN_EXAMPLES = {"ALE/*": "ALE/Pong-v5", "MiniGrid-*": "MiniGrid-DoorKey-5x5-v0"}
 
