@@ -21,18 +21,16 @@ Two figures, as ratios of shoal to stable-baselines3 measured in the same run:
 
 from __future__ import annotations
 
+import bench_recurrent
+from bench_recurrent import BUDGET, ENV, EVAL_EVERY, TARGET
 from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
-ENV, STACK, TARGET, EVAL_EVERY, BUDGET = "CartPoleNoVel-v1", 4, 475.0, 2048, 150_000
+STACK = 4
 
 
 def shoal_config(seed: int, total_steps: int, **sets):
-    from shoal.algos.ppo import PPOConfig
-    from shoal.config import build
-
-    return build(PPOConfig, "ppo", env=ENV, sets={"seed": seed, "total_steps": total_steps, "progress": False,
-                                                  "tensorboard": False, "lstm_size": 0, "frame_stack": STACK,
-                                                  **sets})
+    """The recurrent benchmark's PPO (the CartPoleNoVel-v1 preset) without its LSTM, on stacks."""
+    return bench_recurrent.shoal_config(seed, total_steps, lstm_size=0, frame_stack=STACK, **sets)
 
 
 def stacked(envs):
