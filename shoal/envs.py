@@ -164,7 +164,8 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
     try:
         # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
         # even as None, and a custom env's __init__ need not take it.
-        return _made(env_id, options, **{**(kwargs or {}), **({} if render_mode is None else {"render_mode": render_mode})})
+        rendering = {} if render_mode is None else {"render_mode": render_mode}
+        return _made(env_id, options, **{**(kwargs or {}), **rendering})
     except gym.error.DependencyNotInstalled as e:
         extra = " (`pip install 'shoal[mujoco]'`)" if _entry_point(env_id).startswith("gymnasium.envs.mujoco") else ""
         raise ShoalError(f"environment {env_id!r} needs an extra package{extra}: {e}") from None
@@ -310,10 +311,10 @@ class InfoActionMask(gym.Wrapper):
         if mask is None:
             raise ShoalError(f"info_action_mask: {self.name} gave no info['action_mask'] (its info has "
                              f"{sorted(info) or 'no entries'})")
-        mask = np.asarray(mask, np.int8).reshape(-1)
-        if mask.size != self.observation_space["action_mask"].n:
+        mask, need = np.asarray(mask, np.int8).reshape(-1), self.observation_space["action_mask"].n
+        if mask.size != need:
             raise ShoalError(f"info_action_mask: {self.name}'s info['action_mask'] has {mask.size} entries, where "
-                             f"its action space {self.env.action_space} needs {self.observation_space['action_mask'].n}")
+                             f"its action space {self.env.action_space} needs {need}")
         return {"observation": obs, "action_mask": mask}
 
     def reset(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -152,7 +152,8 @@ class Evaluator:
 
         set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
-        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs, EnvOptions.of(config)))
+        self.options = EnvOptions.of(config)  # the run's frame stack and mask source: its policy's observations
+        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs, self.options))
         self.version = -1
         self.envs: dict[int, VectorEnv] = {}  # by episode count, built once: Box2D envs are slow to make
 
@@ -163,8 +164,7 @@ class Evaluator:
             self.version, weights = got
             set_weights(self.policy, weights)
         if episodes not in self.envs:
-            self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs,
-                                                      EnvOptions.of(self.config))
+            self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs, self.options)
         result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
                                               self.config.eval_max_steps, episodes)
         result["eval/policy_version"] = self.version

@@ -129,23 +129,34 @@ def test_the_info_mask_is_each_steps_own_after_the_one_hot_state():
         state, _, _, _, info = raw.step(a)
 
 
-class NoMaskInInfo(gym.Env):
+class OddInfo(gym.Env):
+    """Three actions; its info is whatever it is made with."""
+
     observation_space, action_space = gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3)
 
+    def __init__(self, info):
+        self.info = info
+
     def reset(self, *, seed=None, options=None):
-        return np.zeros(2, np.float32), {"lives": 3}
+        return np.zeros(2, np.float32), dict(self.info)
 
     def step(self, action):
-        return np.zeros(2, np.float32), 0.0, False, False, {}
+        return np.zeros(2, np.float32), 0.0, False, False, dict(self.info)
 
 
-def test_an_info_mask_that_is_missing_or_misfits_or_cannot_apply_is_named():
-    gym.register("NoMaskInInfoTest-v0", entry_point=NoMaskInInfo)
+@pytest.mark.parametrize("info, message", [
+    ({"lives": 3}, r"gave no info\['action_mask'\] \(its info has \['lives'\]\)"),
+    ({"action_mask": np.ones(2)}, r"info\['action_mask'\] has 2 entries, where its action space Discrete\(3\) needs 3")])
+def test_an_info_mask_that_is_missing_or_misfits_is_named(info, message):
+    gym.register("OddInfoTest-v0", entry_point=OddInfo, kwargs={"info": info})
     try:
-        with pytest.raises(ShoalError, match=r"gave no info\['action_mask'\] \(its info has \['lives'\]\)"):
-            make_env("NoMaskInInfoTest-v0", options=EnvOptions(info_action_mask=True)).reset()
+        with pytest.raises(ShoalError, match=message):
+            make_env("OddInfoTest-v0", options=EnvOptions(info_action_mask=True)).reset()
     finally:
-        del gym.registry["NoMaskInInfoTest-v0"]
+        del gym.registry["OddInfoTest-v0"]
+
+
+def test_an_info_mask_that_cannot_apply_is_refused():
     with pytest.raises(ShoalError, match="Pendulum-v1'.s actions are continuous"):
         make_env("Pendulum-v1", options=EnvOptions(info_action_mask=True))
     pytest.importorskip("ale_py")
