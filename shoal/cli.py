@@ -417,8 +417,6 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
         raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
-    if args.frame_stack is not None and args.frame_stack < 1:
-        raise ShoalError("--frame-stack must be at least 1 (1: no stacking)")
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
                        env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
                        env_options=EnvOptions(args.frame_stack, args.info_action_mask),

@@ -134,13 +134,15 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
-        _check(self.frame_stack is None or self.frame_stack >= 1, "frame_stack must be at least 1 (1: no stacking)")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         _check(self.address is None or self.backend == "ray",
                "--address joins a Ray cluster: add --backend ray")
+        from shoal.envs import EnvOptions
+
+        EnvOptions.of(self)  # checks frame_stack
         if not self.env.startswith("remote://"):
             from shoal.envs import check_env_id
 

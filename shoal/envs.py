@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import shoal.goals  # noqa: F401  (registers BitFlipping-v0)
 import shoal.pixels  # noqa: F401  (registers PixelReach-v0)
 import shoal.pomdp  # noqa: F401  (registers CartPoleNoVel-v1 and the other velocity-free envs)
-from shoal.errors import ShoalError
+from shoal.errors import ConfigError, ShoalError
 
 
 # Env families shoal knows by their ids' prefix: the package that registers them (Gymnasium 1.x
@@ -134,6 +134,10 @@ class EnvOptions:
     """The last N observations stacked into one (None: the env's own, Atari's 4, else 1)."""
     info_action_mask: bool = False
     """The legal actions are read from ``info["action_mask"]`` after each reset and step."""
+
+    def __post_init__(self) -> None:
+        if self.frame_stack is not None and self.frame_stack < 1:
+            raise ConfigError("frame_stack must be at least 1 (1: no stacking)")
 
     @classmethod
     def of(cls, config: Any) -> EnvOptions:
@@ -593,9 +597,9 @@ def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None,
     try:
         own, inner = None, env
         while isinstance(inner, gym.Wrapper) and not isinstance(inner, gym.wrappers.FrameStackObservation):
-            if own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation)):
+            if isinstance(inner, InfoActionMask):  # the observation beside the mask, not their Dict
                 own = inner.env.observation_space
-            if isinstance(inner, InfoActionMask):
+            elif own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation)):
                 own = inner.env.observation_space
             inner = inner.env
         return env.observation_space, env.action_space, own
