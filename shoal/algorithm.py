@@ -70,7 +70,8 @@ class Algorithm:
             shards = self.shards = self._replay_shards() if self.apex else None
             extra = {"replay_shards": shards} if shards else {}
             self.learner = self.backend.make(self.spec.learner_cls, config, self.obs_space,
-                                             self.action_space, self.store, name="learner", **extra)
+                                             self.action_space, self.store, name="learner",
+                                             num_gpus=self.backend.learner_gpus(), **extra)
             self.inference = self._inference_servers() if config.inference == "central" else []
             self.runners = [self.backend.make(EnvRunner, config, i, self.store, "default",
                                               shards[i % len(shards)] if shards else None,

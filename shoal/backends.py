@@ -54,7 +54,7 @@ class LocalBackend:
         self.config = config
 
     def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
-             **kwargs: Any) -> LocalHandle:
+             num_gpus: float = 0.0, **kwargs: Any) -> LocalHandle:
         """Create a role."""
         return LocalHandle(cls(*args, **kwargs))
 
@@ -95,6 +95,10 @@ class LocalBackend:
 
     def runner_cpus(self) -> float:
         """CPUs to reserve per runner (nothing to reserve in-process)."""
+        return 0.0
+
+    def learner_gpus(self) -> float:
+        """GPUs to reserve for the learner (in-process it uses the device --device names)."""
         return 0.0
 
     def shutdown(self) -> None:
@@ -203,15 +207,16 @@ class RayBackend:
                                  "(start one with `ray start --head`, or drop "
                                  f"{'--address' if config.address else 'RAY_ADDRESS'})") from None
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
+        self.gpus = float(ray.cluster_resources().get("GPU", 0.0))
 
     def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
-             actor_name: str | None = None, **kwargs: Any) -> RayHandle:
+             actor_name: str | None = None, num_gpus: float = 0.0, **kwargs: Any) -> RayHandle:
         """Create ``cls(*args, **kwargs)`` as an actor. Helpers take no CPU so they never wait for one.
         ``concurrency`` > 1 runs that many calls at once in threads (for batching services).
         ``actor_name`` registers it in namespace ``shoal`` for other processes to find."""
         import ray
 
-        actor = ray.remote(cls).options(num_cpus=num_cpus, name=actor_name,
+        actor = ray.remote(cls).options(num_cpus=num_cpus, num_gpus=num_gpus, name=actor_name,
                                         namespace=STORE_NAMESPACE if actor_name else None,
                                         max_concurrency=concurrency).remote(*args, **kwargs)
         self.actors.append(actor)
@@ -305,6 +310,20 @@ class RayBackend:
         """One CPU per runner where the cluster has them, else a fair share: an actor asking for
         more CPUs than exist would wait forever (MEASURED.md)."""
         return min(1.0, self.cpus / self.config.num_env_runners) if self.cpus else 0.0
+
+    def learner_gpus(self) -> float:
+        """One GPU for a learner on --device cuda (or auto, where the cluster has one): Ray then
+        makes it the only GPU the learner's process sees. A cluster without one is refused now,
+        as an actor asking for it would wait forever."""
+        device = self.config.device
+        if device == "auto":
+            return 1.0 if self.gpus >= 1 else 0.0
+        if not device.startswith("cuda"):
+            return 0.0
+        if self.gpus < 1:
+            raise ShoalError(f"--device {device}: the Ray cluster has no GPU (its resources: {self.cpus:g} CPUs); "
+                             "train with --device cpu, or join a cluster with one (--address)")
+        return 1.0
 
     def shutdown(self) -> None:
         """Stop our actors; stop Ray if we started it."""

@@ -92,13 +92,14 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def read_policy(path: Path) -> dict[str, Any]:
-    """The deployment payload of a checkpoint, loaded without running pickled code."""
-    return torch.load(Path(path) / POLICY_FILE, weights_only=True)
+    """The deployment payload of a checkpoint, loaded without running pickled code (onto the CPU:
+    learners hand back CPU state, and checkpoints from before --device are read the same way)."""
+    return torch.load(Path(path) / POLICY_FILE, weights_only=True, map_location="cpu")
 
 
 def read_state(path: Path) -> dict[str, Any]:
     """The full training state of a checkpoint (pickled: your own checkpoints only)."""
-    return torch.load(Path(path) / STATE_FILE, weights_only=False)
+    return torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")
 
 
 def prune(run_dir: Path, keep: int) -> None:

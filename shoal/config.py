@@ -98,6 +98,11 @@ class Config:
     or other role fails, before the run fails."""
     torch_threads: int = 1
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
+    device: str = "cpu"
+    """Where the learner's networks train: cpu, cuda, cuda:N, or auto (cuda where there is one).
+    Runners and evaluators act on the CPU with the weights the learner publishes. On the ray
+    backend a learner on cuda or auto asks Ray for one GPU. The MLP presets run fastest on the
+    CPU; image observations and large networks gain from a GPU."""
     progress: bool = True
     """Show a live progress bar."""
     tensorboard: bool = True
@@ -125,6 +130,9 @@ class Config:
         _check(self.log_interval >= 1, "log_interval must be at least 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
+        _check(_device_name(self.device), f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        _check(self.backend != "ray" or ":" not in self.device, f"--device {self.device}: on the ray backend the "
+               "learner uses the GPU Ray gives it: give --device cuda")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
         _check(self.inference != "central" or self.num_inference_servers <= self.num_env_runners,
                f"num_inference_servers {self.num_inference_servers} is more than num_env_runners "
@@ -160,6 +168,19 @@ class Config:
     def num_envs(self) -> int:
         """Environments across all runners."""
         return self.num_env_runners * self.num_envs_per_runner
+
+
+def _device_name(spec: str) -> bool:
+    """Whether ``spec`` names a device (auto, or torch's names: cpu, cuda, cuda:1, mps ...)."""
+    if spec == "auto":
+        return True
+    import torch
+
+    try:
+        torch.device(spec)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _check(ok: bool, message: str) -> None:

@@ -11,8 +11,46 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from shoal.errors import ShoalError
 from shoal.policy import get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The device ``--device`` names, checked here, where the learner runs (on Ray, a machine the
+    driver may not be): auto is cuda where torch sees one, else the CPU."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cpu":
+        return device
+    backend = getattr(torch, device.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        build = f"torch {torch.__version__}" + (" has no CUDA support" if device.type == "cuda" and
+                                                not torch.backends.cuda.is_built() else " sees none here")
+        raise ShoalError(f"--device {spec}: no {device.type} device ({build}); train with --device cpu, or "
+                         "auto to use one where there is one")
+    if (device.index or 0) >= count:
+        raise ShoalError(f"--device {spec}: there are {count} {device.type} devices here, numbered from 0")
+    return torch.device(device.type, device.index or 0)
+
+
+def device_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator of ``device``, seeded (random draws on a device take that device's generator)."""
+    return torch.Generator(device).manual_seed(seed)
+
+
+def to_cpu(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with its tensors copied to the CPU: a learner's state leaves
+    it this way, so that a driver or checkpoint reader without the learner's GPU can read it."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
@@ -49,15 +87,20 @@ class Learner:
         set_up_torch(config.torch_threads)
         torch.manual_seed(config.seed)
         self.config, self.store, self.policy_id = config, store, policy_id
-        self.policy = spec_for(config).make_policy(config, obs_space, action_space)
+        self.device = resolve_device(config.device)
+        self.policy = spec_for(config).make_policy(config, obs_space, action_space).to(self.device)
         self.rng = np.random.default_rng(config.seed)
         # The learner's own torch stream: the global one is shared with in-process roles on the
         # local backend, which would make local and Ray runs draw different noise.
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = device_generator(self.device, config.seed)
         self.version = 0
         self.env_steps = 0
         self.dropped_rollouts = 0  # too old for max_policy_lag (asynchronous loop)
         self.dropped_steps = 0
+
+    def tensor(self, x: Any) -> torch.Tensor:
+        """``x`` (an array) as a tensor on the learner's device (shared with it on the CPU)."""
+        return torch.as_tensor(x, device=self.device)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
@@ -106,11 +149,11 @@ class Learner:
         return get_weights(self.policy)
 
     def get_state(self) -> dict[str, Any]:
-        """All the learner needs to continue exactly."""
-        return {"weights": self.get_weights(), "extra": self.extra_state(),
-                "version": self.version, "env_steps": self.env_steps,
-                "dropped": (self.dropped_rollouts, self.dropped_steps),
-                "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()}
+        """All the learner needs to continue exactly, on the CPU."""
+        return to_cpu({"weights": self.get_weights(), "extra": self.extra_state(),
+                       "version": self.version, "env_steps": self.env_steps,
+                       "dropped": (self.dropped_rollouts, self.dropped_steps),
+                       "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()})
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state` and republish the restored weights."""
@@ -119,5 +162,8 @@ class Learner:
         self.version, self.env_steps = state["version"], state["env_steps"]
         self.dropped_rollouts, self.dropped_steps = state.get("dropped", (0, 0))
         self.rng.bit_generator.state = state["rng"]
-        self.generator.set_state(state["torch_rng"])
+        try:
+            self.generator.set_state(state["torch_rng"])
+        except RuntimeError:  # saved by another device's generator (resumed on another device): reseeded
+            self.generator.manual_seed(self.config.seed + self.version)
         self.publish()

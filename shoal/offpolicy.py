@@ -226,7 +226,7 @@ class ScaledActions(PolicyModule):
 
     def uniform(self, n: int, generator: torch.Generator | None) -> Tensor:
         """Uniform random actions in [-1, 1]^d."""
-        return torch.rand((n, self.action_dim), generator=generator) * 2 - 1
+        return torch.rand((n, self.action_dim), generator=generator, device=self.low.device) * 2 - 1
 
 
 def min_size_to_sample(config: OffPolicyConfig, shards: int = 1) -> int:
@@ -319,10 +319,10 @@ class OffPolicyLearner(Learner):
             got = self.replay.sample(c.batch_size, beta)
             if got is None:
                 break
-            shard, batch = got
+            shard, batch = got[0], got[1].to(self.device)
             metrics, td = self.train_batch(batch)
             if td is not None:
-                self.replay.update_priorities(shard, batch.indices, td.numpy())
+                self.replay.update_priorities(shard, batch.indices, td.cpu().numpy())
             self.updates += 1
             stats.append(metrics)
         self.set_exploration(env_steps)

@@ -117,8 +117,8 @@ def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,
 
 def segment_memory(memory: tuple[Tensor, Tensor], first: np.ndarray) -> tuple[Tensor, Tensor]:
     """Each segment's starting memory [S, width]: its env's (``first``), or zeros (-1)."""
-    keep = torch.as_tensor(first >= 0, dtype=memory[0].dtype)[:, None]
-    rows = torch.as_tensor(np.maximum(first, 0))
+    keep = torch.as_tensor(first >= 0, dtype=memory[0].dtype, device=memory[0].device)[:, None]
+    rows = torch.as_tensor(np.maximum(first, 0), device=memory[0].device)
     return memory[0][rows] * keep, memory[1][rows] * keep
 
 
@@ -139,12 +139,12 @@ class OnPolicyLearner(Learner):
 
     def __init__(self, config: OnPolicyConfig, obs_space, action_space, store, policy_id: str = "default"):
         super().__init__(config, obs_space, action_space, store, policy_id)
-        self.return_norm = RunningNorm(()) if config.normalize_rewards else None
+        self.return_norm = RunningNorm(()).to(self.device) if config.normalize_rewards else None
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
         if self.return_norm is not None:
-            state["return_norm"] = {k: v.clone() for k, v in self.return_norm.state_dict().items()}
+            state["return_norm"] = {k: v.cpu().clone() for k, v in self.return_norm.state_dict().items()}
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -155,7 +155,7 @@ class OnPolicyLearner(Learner):
     def learner_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The rewards [T, B] the losses use: scaled, and with normalize_rewards divided by the
         running std of the discounted return (its statistics first updated with these rollouts')."""
-        rewards = torch.as_tensor(np.concatenate([r.rewards for r in rollouts], axis=1)) * self.config.reward_scale
+        rewards = self.tensor(np.concatenate([r.rewards for r in rollouts], axis=1)) * self.config.reward_scale
         if self.return_norm is None:
             return rewards
         for r in rollouts:
@@ -186,16 +186,15 @@ class OnPolicyLearner(Learner):
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
         critic (0 after termination; the true final observation's value after truncation)."""
         m = self.policy
-        cat = lambda name: torch.as_tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
+        cat = lambda name: self.tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
         obs, actions, logp = cat("obs"), cat("actions"), cat("logp")
         rewards = self.learner_rewards(rollouts)
         terminated, truncated = cat("terminated"), cat("truncated")
         T, B = rewards.shape
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
-        final_idx = torch.as_tensor(np.concatenate(
-            [r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2))
-        last_obs = torch.as_tensor(np.concatenate([r.last_obs for r in rollouts]))
-        final_obs = torch.as_tensor(np.concatenate([r.final_obs for r in rollouts]))
+        final_idx = np.concatenate([r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2)
+        last_obs = self.tensor(np.concatenate([r.last_obs for r in rollouts]))
+        final_obs = self.tensor(np.concatenate([r.final_obs for r in rollouts]))
         done = terminated | truncated
         seq = {}
         if m.recurrent:
@@ -206,12 +205,13 @@ class OnPolicyLearner(Learner):
                 v = m.value(torch.cat([obs.reshape(T * B, *obs.shape[2:]), last_obs, final_obs]))
             values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
         return {"obs": obs, "actions": actions, "logp": logp, "rewards": rewards, "values": values,
-                "next_values": next_values(values, last_value, final_value, final_idx, terminated, truncated),
+                "next_values": next_values(values, last_value, final_value, self.tensor(final_idx), terminated,
+                                           truncated),
                 "done": done, **seq}
 
     @torch.no_grad()
     def recurrent_values(self, rollouts: list[Rollout], obs: Tensor, done: Tensor, last_obs: Tensor,
-                         final_obs: Tensor, final_idx: Tensor) -> tuple[Tensor, Tensor, Tensor, dict[str, Any]]:
+                         final_obs: Tensor, final_idx: np.ndarray) -> tuple[Tensor, Tensor, Tensor, dict[str, Any]]:
         """A recurrent critic's V(s_t) [T, B], its values of the last observations [B] and of
         episodes' final observations [K], each seen with the memory of the steps before it (one
         pass: a final observation follows its episode's last step, a last one its env's
@@ -220,10 +220,10 @@ class OnPolicyLearner(Learner):
         m = self.policy
         T, B = done.shape
         K = len(final_idx)
-        memory = tuple(torch.as_tensor(np.concatenate([r.memory[i] for r in rollouts])) for i in (0, 1))
+        memory = tuple(self.tensor(np.concatenate([r.memory[i] for r in rollouts])) for i in (0, 1))
         final_rows = np.full((T, B), -1)
-        final_rows[final_idx[:, 0].numpy(), final_idx[:, 1].numpy()] = T * B + np.arange(K)
-        segments, first = episode_segments(done.numpy(), final_rows, T * B + K + np.arange(B))
+        final_rows[final_idx[:, 0], final_idx[:, 1]] = T * B + np.arange(K)
+        segments, first = episode_segments(done.cpu().numpy(), final_rows, T * B + K + np.arange(B))
         f = m.encoder(torch.cat([obs.reshape(T * B, *obs.shape[2:]), final_obs, last_obs]))
         v = m.critic_value(m.unroll(f, segments, segment_memory(memory, first)))
         return v[: T * B].reshape(T, B), v[T * B + K:], v[T * B: T * B + K], {"memory": memory}
@@ -244,11 +244,11 @@ class OnPolicyLearner(Learner):
         its flat [T * B] samples: ``size`` samples each; for a recurrent policy, whole sequences
         (each env's T steps; size // T envs, at least one), time-major, for :meth:`evaluate`."""
         if "memory" not in batch:
-            perm = torch.as_tensor(self.rng.permutation(len(batch["adv"])))
+            perm = self.tensor(self.rng.permutation(len(batch["adv"])))
             return [perm[start: start + size] for start in range(0, len(perm), size)]
         T, B = batch["done"].shape
-        envs, k = torch.as_tensor(self.rng.permutation(B)), max(1, size // T)
-        steps = torch.arange(T)[:, None] * B
+        envs, k = self.tensor(self.rng.permutation(B)), max(1, size // T)
+        steps = torch.arange(T, device=self.device)[:, None] * B
         return [(steps + envs[start: start + k]).reshape(-1) for start in range(0, B, k)]
 
     def evaluate(self, batch: dict[str, Tensor], idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -260,10 +260,10 @@ class OnPolicyLearner(Learner):
             return m.evaluate(*((batch["obs"], batch["actions"]) if idx is None else
                                 (batch["obs"][idx], batch["actions"][idx])))
         if idx is None:
-            idx = torch.arange(len(batch["obs"]))
+            idx = torch.arange(len(batch["obs"]), device=self.device)
         T = len(batch["done"])
         envs = idx[: len(idx) // T]  # the first step's indices are the envs
-        segments, first = episode_segments(batch["done"][:, envs].numpy())
+        segments, first = episode_segments(batch["done"][:, envs].cpu().numpy())
         memory = tuple(x[envs] for x in batch["memory"])
         obs = batch["obs"][idx]
         h = m.unroll(m.encoder(obs), segments, segment_memory(memory, first))

@@ -58,7 +58,7 @@ class RunningNorm(nn.Module):
         """Merge a batch's moments (parallel variance formula, Chan et al. 1979)."""
         if m.count == 0:
             return
-        b_mean, b_var = torch.as_tensor(m.mean), torch.as_tensor(m.var)
+        b_mean, b_var = (torch.as_tensor(x, device=self.mean.device) for x in (m.mean, m.var))
         total = self.count + m.count
         delta = b_mean - self.mean
         m2 = self.var * self.count + b_var * m.count + delta**2 * self.count * m.count / total
@@ -414,14 +414,14 @@ class ActorCritic(PolicyModule):
         (h, c) [S, 2 * lstm_size]: what the acting path computed step by step, replayed with one
         fused nn.LSTM pass per network (4.7x faster than a loop of cells with backpropagation)."""
         n, (h, c) = self.lstm_size, memory
-        x = torch.cat([f, f.new_zeros(1, f.shape[1])])[torch.as_tensor(segments)]  # -1: the zero row
+        x = torch.cat([f, f.new_zeros(1, f.shape[1])])[torch.as_tensor(segments, device=f.device)]  # -1: the zero row
         start = lambda m, i: m[None, :, i * n:(i + 1) * n].contiguous()  # noqa: E731  (network i's part)
         out = torch.cat([lstm(x, (start(h, i), start(c, i)))[0] for i, lstm in enumerate(self.lstm)], -1)
         out = out.flatten(0, 1)
         valid = segments.reshape(-1) >= 0
         where = np.empty(len(f), np.int64)
         where[segments.reshape(-1)[valid]] = np.flatnonzero(valid)
-        return out[torch.as_tensor(where)]
+        return out[torch.as_tensor(where, device=out.device)]
 
     def critic_value(self, h: Tensor) -> Tensor:
         """State values [...] from the heads' inputs ``h`` [..., width]."""
@@ -469,7 +469,7 @@ class ActorCritic(PolicyModule):
             actions = torch.multinomial(logp_all.exp().flatten(0, 1), 1, generator=generator).view(len(out), -1)
             return actions, logp_all.gather(-1, actions[..., None]).squeeze(-1).sum(-1)
         std = self.log_std.exp()
-        noise = torch.randn(out.shape, generator=generator)
+        noise = torch.randn(out.shape, generator=generator, device=out.device)
         logp = -0.5 * noise.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)
         return out + std * noise, logp.sum(-1)
 
@@ -529,7 +529,7 @@ class ActorCritic(PolicyModule):
             return out.argmax(-1) if self.discrete else out
         if self.discrete:
             return torch.multinomial(torch.softmax(out, dim=-1), 1, generator=generator).squeeze(-1)
-        return out + self.log_std.exp() * torch.randn(out.shape, generator=generator)
+        return out + self.log_std.exp() * torch.randn(out.shape, generator=generator, device=out.device)
 
 
 def get_weights(module: nn.Module) -> Weights:

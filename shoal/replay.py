@@ -52,6 +52,12 @@ class Transitions(NamedTuple):
         read-only, as Ray's deserialised arrays do)."""
         return Transitions(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self[:6]), self.indices)
 
+    def to(self, device: torch.device) -> Transitions:
+        """The batch's tensors on ``device`` (itself on the CPU)."""
+        if device.type == "cpu":
+            return self
+        return Transitions(*(t.to(device, non_blocking=True) for t in self[:6]), self.indices)
+
 
 class SumTree:
     """Priorities as leaves of a binary tree of partial sums; every operation is vectorised."""

@@ -67,7 +67,7 @@ class SquashedGaussianActor(ScaledActions):
         """(u, the noise that drew it, log sigma), each [N, act_dim]."""
         h = self.trunk(self.encoder(x))
         mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        noise = torch.randn(mu.shape, generator=generator)
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device)
         return mu + log_std.exp() * noise, noise, log_std
 
     def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
@@ -155,9 +155,10 @@ class SACLearner(OffPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = self.policy.discrete
         self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes,
-                                config.activation, discrete=self.discrete, image=critic_image(self.policy))
+                                config.activation, discrete=self.discrete, image=critic_image(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
-        self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), requires_grad=config.alpha is None)
+        self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), device=self.device,
+                                      requires_grad=config.alpha is None)
         if config.target_entropy is not None:
             self.target_entropy = config.target_entropy
         elif self.discrete:

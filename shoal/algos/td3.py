@@ -141,19 +141,19 @@ class TD3Learner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
-        self.critics = QCritics(2 if config.twin_critics else 1, *dims, image=critic_image(self.policy))
+        self.critics = QCritics(2 if config.twin_critics else 1, *dims, image=critic_image(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
         self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, fused=True)
-        self.last_actor_loss = torch.tensor(0.0)  # reported between delayed actor updates
+        self.last_actor_loss = torch.tensor(0.0, device=self.device)  # reported between delayed actor updates
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         c = self.config
         with torch.no_grad():
             next_a = self.target_actor(b.next_obs)
             if c.target_noise > 0:  # target policy smoothing (Sec. 5.3)
-                noise = (torch.randn(next_a.shape, generator=self.generator) * c.target_noise).clamp(-c.target_noise_clip, c.target_noise_clip)
+                noise = (torch.randn(next_a.shape, generator=self.generator, device=self.device) * c.target_noise).clamp(-c.target_noise_clip, c.target_noise_clip)
                 next_a = (next_a + noise).clamp(-1, 1)
             next_q = self.target_critics(b.next_obs, next_a).min(0).values
             target = b.rewards + b.discounts * next_q  # [N]

@@ -1,0 +1,134 @@
+"""--device: a learner trains where it says and computes there what it computes on the CPU.
+
+CI has no GPU, so the learners run on ``fakegpu`` (tests/fake_device.py), a device that computes
+on the CPU but fails wherever a tensor on the CPU meets one on the device, a device tensor is
+read as NumPy or pickled, or a draw uses another device's generator, as CUDA does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fake_device
+import shoal
+import shoal.learner
+from shoal.algos import make_config
+from shoal.backends import RayBackend
+from shoal.cli import main
+from shoal.errors import ConfigError, ShoalError
+
+# a failing runner fails the run here, instead of being restarted
+QUIET = dict(progress=False, tensorboard=False, eval_episodes=1, eval_interval=0, total_steps=10_000,
+             max_runner_restarts=0)
+ON_POLICY = dict(num_envs_per_runner=4, rollout_steps=16)
+# one env, one update per step from the 64th: ~36 updates in 100 iterations
+OFF_POLICY = dict(num_envs_per_runner=1, rollout_steps=1, updates_per_step=1, learning_starts=64, batch_size=32,
+                  hidden_sizes=(32, 32))
+CASES = {
+    "ppo": ("ppo", "CartPole-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, normalize_obs=True,
+                                       normalize_rewards=True)),
+    "ppo-continuous": ("ppo", "Pendulum-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2)),
+    "ppo-lstm": ("ppo", "CartPoleNoVel-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, lstm_size=8)),
+    "a2c": ("a2c", "CartPole-v1", dict(ON_POLICY, rollout_steps=8)),
+    "trpo": ("trpo", "Pendulum-v1", dict(ON_POLICY, vf_minibatch_size=32)),
+    "impala": ("impala", "CartPole-v1", ON_POLICY),
+    "appo-lstm": ("appo", "CartPoleNoVel-v1", dict(ON_POLICY, lstm_size=8)),
+    "dqn": ("dqn", "CartPole-v1", dict(OFF_POLICY, prioritized=True, n_step=3, dueling=True)),
+    "ddpg": ("ddpg", "Pendulum-v1", OFF_POLICY),
+    # two updates a step and an actor every third: one phase's metrics (updates 1 and 2) hold the
+    # actor's loss from before its first update and from after
+    "td3": ("td3", "Pendulum-v1", dict(OFF_POLICY, updates_per_step=2, policy_delay=3)),
+    "sac": ("sac", "Pendulum-v1", dict(OFF_POLICY, prioritized=True)),
+    "sac-discrete": ("sac", "CartPole-v1", OFF_POLICY),
+}
+
+
+@pytest.fixture
+def fakegpu(monkeypatch):
+    """The fake device installed, its generators given to learners, its checks on."""
+    fake_device.install()
+    monkeypatch.setattr(shoal.learner, "device_generator", fake_device.generator)
+    with fake_device.checks():
+        yield fake_device.DEVICE
+
+
+def learner_state(config, iterations, save_to=None):
+    with shoal.make(config) as algo:
+        for _ in range(iterations):
+            algo.train()
+        learner = algo.learner.obj
+        devices = {p.device.type for p in learner.policy.parameters()}
+        if save_to is not None:
+            algo.save(save_to)
+        return algo.backend.get(algo.learner.call("get_state")), devices
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_path, case):
+    algo, env, settings = CASES[case]
+    on_policy = "rollout_steps" in settings and settings["rollout_steps"] > 1
+    iterations = 4 if on_policy else 100
+    cpu, where = learner_state(make_config(algo, env, device="cpu", **QUIET, **settings), iterations)
+    assert where == {"cpu"}
+    config = make_config(algo, env, device=fakegpu, **QUIET, **settings)
+    device, where = learner_state(config, iterations, save_to=tmp_path / "ck")
+    assert where == {"fakegpu"}
+    assert cpu["weights"].keys() == device["weights"].keys()
+    for k, value in cpu["weights"].items():
+        # the LSTMs run CUDA's fused cell there (tests/fake_device.py): the same sums in another order
+        tolerance = 1e-4 if "lstm" in case else 0
+        np.testing.assert_allclose(device["weights"][k].astype(float), value.astype(float), atol=tolerance,
+                                   rtol=0, err_msg=k)
+    assert all(not isinstance(t, torch.Tensor) or t.device.type == "cpu" for t in _leaves(device))
+    # the device's checkpoint resumes on the CPU and on the device
+    for resume_on in ("cpu", fakegpu):
+        with shoal.load(tmp_path / "ck", device=resume_on) as resumed:
+            assert resumed.learner.obj.device.type == torch.device(resume_on).type
+            resumed.train()
+
+
+def _leaves(tree):
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    if isinstance(tree, (list, tuple)):
+        return [x for v in tree for x in _leaves(v)]
+    return [tree]
+
+
+def test_device_auto_is_the_cpu_without_cuda_and_cuda_without_one_fails_in_one_line(capsys, tmp_path):
+    config = make_config("ppo", "CartPole-v1", device="auto", **QUIET, **ON_POLICY, minibatch_size=32)
+    with shoal.make(config) as algo:
+        assert algo.learner.obj.device == torch.device("cpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run = tmp_path / "run"
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(run), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "--device cuda: no cuda device" in err and "--device cpu" in err and "Traceback" not in err
+    assert not run.exists()
+
+
+def test_device_names_are_checked_where_the_config_is_made():
+    with pytest.raises(ConfigError, match="--device must be cpu, cuda, cuda:N or auto, got 'gpu'"):
+        make_config("ppo", "CartPole-v1", device="gpu")
+    with pytest.raises(ConfigError, match="on the ray backend the learner uses the GPU Ray gives it"):
+        make_config("ppo", "CartPole-v1", device="cuda:1", backend="ray")
+    with pytest.raises(ShoalError, match="there are 1 fakegpu devices here, numbered from 0"):
+        fake_device.install()
+        shoal.learner.resolve_device("fakegpu:3")
+
+
+@pytest.mark.parametrize("device, cluster_gpus, asks", [("cpu", 2, 0), ("auto", 0, 0), ("auto", 2, 1),
+                                                        ("cuda", 1, 1), ("cuda", 0, None)])
+def test_a_ray_learner_asks_for_a_gpu_when_its_device_needs_one(device, cluster_gpus, asks):
+    backend = RayBackend.__new__(RayBackend)  # its resource figures only, without starting Ray
+    backend.config = make_config("ppo", "CartPole-v1", device=device, backend="ray")
+    backend.cpus, backend.gpus = 2.0, float(cluster_gpus)
+    if asks is None:
+        with pytest.raises(ShoalError, match="--device cuda: the Ray cluster has no GPU"):
+            backend.learner_gpus()
+    else:
+        assert backend.learner_gpus() == asks
