@@ -113,7 +113,7 @@ class Algorithm:
         wait_ms = 1.0 if self.backend.name == "ray" else 0.0  # in-process, runners take turns: never wait
         return [self.backend.make(InferenceServer, c, self.store, self.obs_space, self.action_space, i,
                                   name=f"inference-{i}", concurrency=per_server + 2, max_batch=per_server,
-                                  max_wait_ms=wait_ms) for i in range(n)]
+                                  max_wait_ms=wait_ms, num_gpus=self.backend.inference_gpus()) for i in range(n)]
 
     def _replay_shards(self) -> list[Any]:
         from shoal.offpolicy import replay_args

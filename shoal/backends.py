@@ -101,6 +101,10 @@ class LocalBackend:
         """GPUs to reserve for the learner (in-process it uses the device --device names)."""
         return 0.0
 
+    def inference_gpus(self) -> float:
+        """GPUs to reserve for each central inference server (none in-process)."""
+        return 0.0
+
     def shutdown(self) -> None:
         """Nothing to release."""
 
@@ -312,18 +316,25 @@ class RayBackend:
         return min(1.0, self.cpus / self.config.num_env_runners) if self.cpus else 0.0
 
     def learner_gpus(self) -> float:
-        """One GPU for a learner on --device cuda (or auto, where the cluster has one): Ray then
-        makes it the only GPU the learner's process sees. A cluster without one is refused now,
-        as an actor asking for it would wait forever."""
+        """One GPU for a learner on --device cuda (or auto, where the cluster has one), half of
+        one under --inference central (its servers share the other half): Ray then makes it the
+        only GPU the learner's process sees. A cluster without one is refused now, as an actor
+        asking for it would wait forever."""
         device = self.config.device
         if device == "auto":
-            return 1.0 if self.gpus >= 1 else 0.0
-        if not device.startswith("cuda"):
-            return 0.0
-        if self.gpus < 1:
-            raise ShoalError(f"--device {device}: the Ray cluster has no GPU (its resources: {self.cpus:g} CPUs); "
-                             "train with --device cpu, or join a cluster with one (--address)")
-        return 1.0
+            wanted = self.gpus >= 1
+        else:
+            wanted = device.startswith("cuda")
+            if wanted and self.gpus < 1:
+                raise ShoalError(f"--device {device}: the Ray cluster has no GPU (its resources: {self.cpus:g} "
+                                 "CPUs); train with --device cpu, or join a cluster with one (--address)")
+        return (0.5 if self.config.inference == "central" else 1.0) if wanted else 0.0
+
+    def inference_gpus(self) -> float:
+        """Each central inference server's share of the half GPU the learner leaves (none where
+        the learner takes none)."""
+        central = self.config.inference == "central"
+        return 0.5 / self.config.num_inference_servers if central and self.learner_gpus() else 0.0
 
     def shutdown(self) -> None:
         """Stop our actors; stop Ray if we started it."""

@@ -4,7 +4,8 @@ With ``--inference central`` runners hold no weights: each env step they send th
 observations to an inference server, which gathers the requests of every runner that arrives
 within ``max_wait_ms`` (``@shoal.batched``) into one forward pass with the newest published
 weights, and returns network inputs, actions, log-probabilities and the version used. On the
-ray backend it is a threaded actor, so calls from several runners are in flight at once.
+ray backend it is a threaded actor, so calls from several runners are in flight at once. Its
+forward passes run on the learner's ``--device`` (SEED RL's inference on the accelerator).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal import devices
 from shoal.batching import batched
 from shoal.policy import Memory, set_up_torch, set_weights
 
@@ -27,9 +29,10 @@ class InferenceServer:
 
         set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
-        self.policy = spec_for(config).make_policy(config, obs_space, action_space)
+        self.device = devices.resolve(config.device)
+        self.policy = spec_for(config).make_policy(config, obs_space, action_space).to(self.device)
         self.version = -1
-        self.generator = torch.Generator().manual_seed(config.seed + 7_000_000 + server_id)
+        self.generator = devices.generator(self.device, config.seed + 7_000_000 + server_id)
         self._batched = batched(max_batch, max_wait_ms)(self._explore_batch)
         self.batches = 0
         self.requests = 0
@@ -54,17 +57,19 @@ class InferenceServer:
         self._sync()
         m = self.policy
         sizes = [len(obs) for obs, _ in requests]
-        x = m.normalize(torch.as_tensor(np.concatenate([obs for obs, _ in requests])))  # concatenate copies: writable
+        # concatenate copies: writable
+        x = m.normalize(torch.as_tensor(np.concatenate([obs for obs, _ in requests]), device=self.device))
         if m.recurrent:  # the acting path steps the module's memory: set to the runners', then read back
-            m.memory = tuple(torch.as_tensor(np.concatenate([mem[i] for _, mem in requests])) for i in (0, 1))
+            m.memory = tuple(torch.as_tensor(np.concatenate([mem[i] for _, mem in requests]), device=self.device)
+                             for i in (0, 1))
         a, logp = m.explore(x, self.generator)
         bounds = np.cumsum([0, *sizes])
-        x, a, logp = x.numpy(), a.numpy(), logp.numpy()
+        x, a, logp = x.cpu().numpy(), a.cpu().numpy(), logp.cpu().numpy()
         self.batches += 1
         self.requests += len(requests)
         rows = [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
         if m.recurrent:
-            h, c = (t.numpy() for t in m.memory)
+            h, c = (t.cpu().numpy() for t in m.memory)
             return [(x[r], a[r], logp[r], self.version, (h[r], c[r])) for r in rows]
         return [(x[r], a[r], logp[r], self.version) for r in rows]
 
@@ -72,7 +77,7 @@ class InferenceServer:
     def normalize(self, obs: np.ndarray) -> np.ndarray:
         """Network inputs for raw observations, with the current normaliser."""
         self._sync()
-        return self.policy.normalize(torch.tensor(obs)).numpy()
+        return self.policy.normalize(torch.tensor(obs, device=self.device)).cpu().numpy()
 
     def stats(self) -> dict[str, Any]:
         """Requests served and forward passes made (their ratio is the mean batch)."""

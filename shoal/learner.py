@@ -11,46 +11,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from shoal.errors import ShoalError
+from shoal import devices
 from shoal.policy import get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout
-
-
-def resolve_device(spec: str) -> torch.device:
-    """The device ``--device`` names, checked here, where the learner runs (on Ray, a machine the
-    driver may not be): auto is cuda where torch sees one, else the CPU."""
-    if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
-    if device.type == "cpu":
-        return device
-    backend = getattr(torch, device.type, None)
-    count = backend.device_count() if backend is not None and backend.is_available() else 0
-    if count == 0:
-        build = f"torch {torch.__version__}" + (" has no CUDA support" if device.type == "cuda" and
-                                                not torch.backends.cuda.is_built() else " sees none here")
-        raise ShoalError(f"--device {spec}: no {device.type} device ({build}); train with --device cpu, or "
-                         "auto to use one where there is one")
-    if (device.index or 0) >= count:
-        raise ShoalError(f"--device {spec}: there are {count} {device.type} devices here, numbered from 0")
-    return torch.device(device.type, device.index or 0)
-
-
-def device_generator(device: torch.device, seed: int) -> torch.Generator:
-    """A generator of ``device``, seeded (random draws on a device take that device's generator)."""
-    return torch.Generator(device).manual_seed(seed)
-
-
-def to_cpu(tree: Any) -> Any:
-    """``tree`` (dicts, lists, tuples) with its tensors copied to the CPU: a learner's state leaves
-    it this way, so that a driver or checkpoint reader without the learner's GPU can read it."""
-    if isinstance(tree, torch.Tensor):
-        return tree.cpu()
-    if isinstance(tree, dict):
-        return {k: to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(to_cpu(v) for v in tree)
-    return tree
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
@@ -87,12 +50,12 @@ class Learner:
         set_up_torch(config.torch_threads)
         torch.manual_seed(config.seed)
         self.config, self.store, self.policy_id = config, store, policy_id
-        self.device = resolve_device(config.device)
+        self.device = devices.resolve(config.device)
         self.policy = spec_for(config).make_policy(config, obs_space, action_space).to(self.device)
         self.rng = np.random.default_rng(config.seed)
         # The learner's own torch stream: the global one is shared with in-process roles on the
         # local backend, which would make local and Ray runs draw different noise.
-        self.generator = device_generator(self.device, config.seed)
+        self.generator = devices.generator(self.device, config.seed)
         self.version = 0
         self.env_steps = 0
         self.dropped_rollouts = 0  # too old for max_policy_lag (asynchronous loop)
@@ -150,7 +113,7 @@ class Learner:
 
     def get_state(self) -> dict[str, Any]:
         """All the learner needs to continue exactly, on the CPU."""
-        return to_cpu({"weights": self.get_weights(), "extra": self.extra_state(),
+        return devices.to_cpu({"weights": self.get_weights(), "extra": self.extra_state(),
                        "version": self.version, "env_steps": self.env_steps,
                        "dropped": (self.dropped_rollouts, self.dropped_steps),
                        "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()})

@@ -24,7 +24,10 @@ backend per process), and run the code under test inside :func:`checks`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -139,8 +142,9 @@ def _factory(op, *args, **kwargs):
     return tree_map(lambda x: FakeTensor(x) if isinstance(x, torch.Tensor) else x, out)
 
 
-class _GeneratorCheck(TorchFunctionMode):
-    """A draw's generator must belong to the device it draws on, as CUDA's must."""
+class _Checks(TorchFunctionMode):
+    """A draw's generator must belong to the device it draws on, as CUDA's must; and tensors made
+    on the device from Python values are made as CUDA's are (see below)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -175,7 +179,7 @@ class _GeneratorCheck(TorchFunctionMode):
 
 
 def generator(device: torch.device | str, seed: int) -> torch.Generator:
-    """What ``shoal.learner.device_generator`` gives: a generator of the device (fakegpu too)."""
+    """What ``shoal.devices.generator`` gives: a generator of the device (fakegpu too)."""
     if torch.device(device).type != NAME:
         return torch.Generator(device).manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -183,9 +187,22 @@ def generator(device: torch.device | str, seed: int) -> torch.Generator:
     return g
 
 
-def checks() -> TorchFunctionMode:
-    """A mode that checks every draw's generator: enter it around the code under test."""
-    return _GeneratorCheck()
+@contextlib.contextmanager
+def checks() -> Iterator[None]:
+    """Run the code under test with the device's checks, in this thread and in the threads it
+    starts (torch's modes are per thread; the inference servers' batchers run in their own)."""
+    run = threading.Thread.run
+
+    def checked_run(thread: threading.Thread) -> None:
+        with _Checks():
+            run(thread)
+
+    threading.Thread.run = checked_run  # type: ignore[method-assign]
+    try:
+        with _Checks():
+            yield
+    finally:
+        threading.Thread.run = run  # type: ignore[method-assign]
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 
 import fake_device
 import shoal
-import shoal.learner
+import shoal.devices
 from shoal.algos import make_config
 from shoal.backends import RayBackend
 from shoal.cli import main
@@ -46,6 +46,14 @@ CASES = {
     "ppo-images": ("ppo", "MiniGrid-Empty-5x5-v0", dict(ON_POLICY, minibatch_size=32, num_epochs=1)),
     "dqn-images": ("dqn", "MiniGrid-Empty-5x5-v0", dict(OFF_POLICY, buffer_size=1000)),
     "sac-images": ("sac", "PixelReach-v0", dict(OFF_POLICY, buffer_size=1000, hidden_sizes=(32,))),
+    # --inference central: the runners' forward passes on the device too (SEED RL's layout)
+    "ppo-central": ("ppo", "CartPole-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, inference="central")),
+    "ppo-continuous-central": ("ppo", "Pendulum-v1", dict(ON_POLICY, minibatch_size=32, inference="central")),
+    "appo-lstm-central": ("appo", "CartPoleNoVel-v1", dict(ON_POLICY, lstm_size=8, inference="central")),
+    "dqn-central": ("dqn", "CartPole-v1", dict(OFF_POLICY, inference="central")),
+    "sac-central": ("sac", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
+    "sac-discrete-central": ("sac", "CartPole-v1", dict(OFF_POLICY, inference="central")),
+    "td3-central": ("td3", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
 }
 
 
@@ -53,7 +61,7 @@ CASES = {
 def fakegpu(monkeypatch):
     """The fake device installed, its generators given to learners, its checks on."""
     fake_device.install()
-    monkeypatch.setattr(shoal.learner, "device_generator", fake_device.generator)
+    monkeypatch.setattr(shoal.devices, "generator", fake_device.generator)
     with fake_device.checks():
         yield fake_device.DEVICE
 
@@ -62,8 +70,8 @@ def learner_state(config, iterations, save_to=None):
     with shoal.make(config) as algo:
         for _ in range(iterations):
             algo.train()
-        learner = algo.learner.obj
-        devices = {p.device.type for p in learner.policy.parameters()}
+        policies = [algo.learner.obj.policy, *(server.obj.policy for server in algo.inference)]
+        devices = {p.device.type for policy in policies for p in policy.parameters()}
         if save_to is not None:
             algo.save(save_to)
         return algo.backend.get(algo.learner.call("get_state")), devices
@@ -123,17 +131,20 @@ def test_device_names_are_checked_where_the_config_is_made():
         make_config("ppo", "CartPole-v1", device="cuda:1", backend="ray")
     with pytest.raises(ShoalError, match="there are 1 fakegpu devices here, numbered from 0"):
         fake_device.install()
-        shoal.learner.resolve_device("fakegpu:3")
+        shoal.devices.resolve("fakegpu:3")
 
 
-@pytest.mark.parametrize("device, cluster_gpus, asks", [("cpu", 2, 0), ("auto", 0, 0), ("auto", 2, 1),
-                                                        ("cuda", 1, 1), ("cuda", 0, None)])
-def test_a_ray_learner_asks_for_a_gpu_when_its_device_needs_one(device, cluster_gpus, asks):
+@pytest.mark.parametrize("device, cluster_gpus, central, asks", [
+    ("cpu", 2, False, (0, 0)), ("auto", 0, False, (0, 0)), ("auto", 2, False, (1, 0)), ("cuda", 1, False, (1, 0)),
+    ("cuda", 1, True, (0.5, 0.25)), ("cpu", 1, True, (0, 0)), ("cuda", 0, False, None)])
+def test_a_ray_learner_and_inference_servers_ask_for_a_gpu_when_the_device_needs_one(device, cluster_gpus, central,
+                                                                                     asks):
     backend = RayBackend.__new__(RayBackend)  # its resource figures only, without starting Ray
-    backend.config = make_config("ppo", "CartPole-v1", device=device, backend="ray")
+    backend.config = make_config("ppo", "CartPole-v1", device=device, backend="ray", num_env_runners=2,
+                                 **(dict(inference="central", num_inference_servers=2) if central else {}))
     backend.cpus, backend.gpus = 2.0, float(cluster_gpus)
     if asks is None:
         with pytest.raises(ShoalError, match="--device cuda: the Ray cluster has no GPU"):
             backend.learner_gpus()
     else:
-        assert backend.learner_gpus() == asks
+        assert (backend.learner_gpus(), backend.inference_gpus()) == asks

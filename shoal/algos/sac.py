@@ -86,7 +86,7 @@ class SquashedGaussianActor(ScaledActions):
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         # Replay keeps no behaviour log-probabilities (as DQN's runners, these report zeros).
         a = self.uniform(x.shape[0], generator) if self.random_actions else self._draw(x, generator)
-        return a, torch.zeros(x.shape[0])
+        return a, x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
         return torch.tanh(self.mu(self.trunk(self.encoder(x)))) if deterministic else self._draw(x, generator)
@@ -126,9 +126,10 @@ class CategoricalActor(PolicyModule):
         if self.random_actions:
             legal = self.legal(x)
             if legal is not None:
-                return torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1), torch.zeros(x.shape[0])
-            return torch.randint(0, self.action_dim, (x.shape[0],), generator=generator), torch.zeros(x.shape[0])
-        return self._sample(x, generator), torch.zeros(x.shape[0])
+                return torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1), x.new_zeros(x.shape[0])
+            return (torch.randint(0, self.action_dim, (x.shape[0],), generator=generator, device=x.device),
+                    x.new_zeros(x.shape[0]))
+        return self._sample(x, generator), x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
         return self._logits(x, self.legal(x)).argmax(-1) if deterministic else self._sample(x, generator)

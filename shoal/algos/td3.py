@@ -91,7 +91,7 @@ class DeterministicActor(ScaledActions):
     def _noise(self, shape: torch.Size, generator: torch.Generator | None, held: bool = True) -> Tensor:
         """This step's exploration noise [N, act_dim]; ``held``: the runner's Ornstein-Uhlenbeck
         process steps (else independent draws of its sigma)."""
-        draw = torch.randn(shape, generator=generator)
+        draw = torch.randn(shape, generator=generator, device=self.noise_std.device)
         if self.ou is None or not held:
             return draw * self.noise_std
         theta, dt = self.ou
@@ -111,9 +111,9 @@ class DeterministicActor(ScaledActions):
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         if self.random_actions:
-            return self.uniform(x.shape[0], generator), torch.zeros(x.shape[0])
+            return self.uniform(x.shape[0], generator), x.new_zeros(x.shape[0])
         a = self(x)
-        return (a + self._noise(a.shape, generator)).clamp(-1, 1), torch.zeros(x.shape[0])
+        return (a + self._noise(a.shape, generator)).clamp(-1, 1), x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
         if deterministic:

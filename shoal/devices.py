@@ -1,0 +1,51 @@
+"""Where learners (and central inference servers) compute: ``--device``.
+
+Runners and evaluators act on the CPU; a learner's networks, optimiser and noise live on its
+device, and everything it hands back is on the CPU. Tests swap :func:`generator` for a stand-in
+device's (tests/fake_device.py), so roles call it through this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shoal.errors import ShoalError
+
+
+def resolve(spec: str) -> torch.device:
+    """The device ``--device`` names, checked here, where the learner runs (on Ray, a machine the
+    driver may not be): auto is cuda where torch sees one, else the CPU."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cpu":
+        return device
+    backend = getattr(torch, device.type, None)
+    count = backend.device_count() if backend is not None and backend.is_available() else 0
+    if count == 0:
+        build = f"torch {torch.__version__}" + (" has no CUDA support" if device.type == "cuda" and
+                                                not torch.backends.cuda.is_built() else " sees none here")
+        raise ShoalError(f"--device {spec}: no {device.type} device ({build}); train with --device cpu, or "
+                         "auto to use one where there is one")
+    if (device.index or 0) >= count:
+        raise ShoalError(f"--device {spec}: there are {count} {device.type} devices here, numbered from 0")
+    return torch.device(device.type, device.index or 0)
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator of ``device``, seeded (random draws on a device take that device's generator)."""
+    return torch.Generator(device).manual_seed(seed)
+
+
+def to_cpu(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples) with its tensors copied to the CPU: a learner's state leaves
+    it this way, so that a driver or checkpoint reader without the learner's GPU can read it."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(v) for v in tree)
+    return tree
