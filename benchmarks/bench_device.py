@@ -8,7 +8,7 @@ stable-baselines3 on the same GPU, in one run: the device check to run where a G
    and SB3 on the GPU; SAC on Pendulum-v1 (256x256, batch 256, one update a step) on both.
 
 Each figure comes from a fresh process. Without CUDA it says so and stops; ``--device cpu`` runs
-the script's logic against the CPU itself (a dry run).
+the script's logic with the CPU on both sides (a dry run: its "gpu" figures are the CPU's).
 
     .venv/bin/python benchmarks/bench_device.py [--device cuda] [--quick]
 """
@@ -88,24 +88,24 @@ def main() -> None:
         return
     scale = 4 if args.quick else 1
     print(f"machine: {machine()}; device: {name}", flush=True)
-    devices = ("cpu", args.device)
+    sides = {"cpu": "cpu", "gpu": args.device}  # the learner's device on each side (cpu twice in a dry run)
     result: dict = {"device": name, "learning": {}, "throughput": {}}
     for algo, env, target in (("ppo", "CartPole-v1", 475.0), ("sac", "Pendulum-v1", -200.0)):
-        runs = {d: isolated(time_to, algo, env, d, target) for d in devices}
+        runs = {side: isolated(time_to, algo, env, d, target) for side, d in sides.items()}
         result["learning"][f"{algo} {env}"] = runs
-        print(f"{algo} {env} to {target:g}: " + ", ".join(f"{d} {s:.1f} s at {n:,d} steps" for d, (s, n) in runs.items()),
-              flush=True)
+        print(f"{algo} {env} to {target:g}: " + ", ".join(f"{side} {s:.1f} s at {n:,d} steps"
+                                                         for side, (s, n) in runs.items()), flush=True)
     for algo, env, steps, warmup in (("dqn", ENV, 6000, DQN["learning_starts"]), ("ppo", ENV, 8192, 1024),
                                      ("sac", "Pendulum-v1", 4000, 100)):
         steps //= scale
-        rates = {d: isolated(shoal_rate, algo, env, d, steps, warmup) for d in devices}
+        rates = {side: isolated(shoal_rate, algo, env, d, steps, warmup) for side, d in sides.items()}
         if env == ENV:
-            rates[f"sb3 {args.device}"] = isolated(sb3_atari_rate, algo, args.device, steps)
+            rates["sb3 gpu"] = isolated(sb3_atari_rate, algo, args.device, steps)
         result["throughput"][f"{algo} {env}"] = rates
-        line = ", ".join(f"{d} {r:,.0f}" for d, r in rates.items())
-        ratios = f"{args.device}/cpu {rates[args.device] / rates['cpu']:.2f}"
+        line = ", ".join(f"{side} {r:,.0f}" for side, r in rates.items())
+        ratios = f"gpu/cpu {rates['gpu'] / rates['cpu']:.2f}"
         if env == ENV:
-            ratios += f", shoal/SB3 on {args.device} {rates[args.device] / rates[f'sb3 {args.device}']:.2f}"
+            ratios += f", shoal/SB3 on the gpu {rates['gpu'] / rates['sb3 gpu']:.2f}"
         print(f"{algo} {env}, env steps/s over {steps:,} steps: {line}; {ratios}", flush=True)
     print(f"wrote {save('device', result)}")
 

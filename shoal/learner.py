@@ -22,11 +22,12 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     Its total norm and scale are the same; when the norm is within ``max_norm`` (most updates)
     it skips the multiplication by 1 that torch's version makes, and torch's bookkeeping around
     it (DQN's update on CartPole: 1,085 -> 1,040 us). A NaN norm leaves the gradients as they
-    are (torch's makes them all NaN). Returns the total norm before clipping.
+    are (torch's makes them all NaN). On a GPU it always scales, as torch's: reading the norm
+    there would make the CPU wait for the GPU every update. Returns the total norm before clipping.
     """
     params = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if norm + 1e-6 > max_norm:  # torch scales by min(1, max_norm / (norm + 1e-6))
+    if norm.device.type != "cpu" or norm + 1e-6 > max_norm:  # torch scales by min(1, max_norm / (norm + 1e-6))
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
 

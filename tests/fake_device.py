@@ -14,7 +14,9 @@ on a GPU. This module registers a device that makes the same mistakes fail on a 
 - ``.numpy()`` fails, and so does pickling (``torch.save``): state leaves the device as CPU
   tensors, as a driver without a GPU needs it;
 - random draws check their generator: :func:`generator` gives one for the device, and a draw
-  for a ``fakegpu`` tensor with another generator, or for a CPU one with this one, fails.
+  for a ``fakegpu`` tensor with another generator, or for a CPU one with this one, fails;
+- ``host_reads`` counts the values the host reads from the device (``.item()``, ``float()``,
+  ``.cpu()`` ...): on a GPU each makes the CPU wait for the queued work.
 
 Values are the CPU's, bit for bit, and so are the random streams (the device's generator is a
 CPU generator seeded the same), so a run on ``fakegpu`` must equal the same run on the CPU.
@@ -41,6 +43,7 @@ CROSS_DEVICE = {"aten::_to_copy", "aten::copy_", "aten::index", "aten::index_put
                 "aten::_index_put_impl_"}
 # Ops that take no 0-dim CPU tensor among device ones (elementwise ones read it as a number)
 NO_CPU_SCALARS = {"aten::cat", "aten::stack"}
+host_reads = 0  # values the host has read from the device: each would make it wait for the GPU
 _generators: list[torch.Generator] = []  # the device's (held: a freed one's id could be another's)
 
 
@@ -70,6 +73,8 @@ class FakeTensor(torch.Tensor):
                         "tensor to host memory first.")
 
     def tolist(self) -> Any:  # torch refuses subclasses; CUDA tensors copy to the host
+        global host_reads
+        host_reads += 1
         return self.inner.tolist()
 
     def __reduce_ex__(self, protocol: int) -> Any:
@@ -86,6 +91,9 @@ class FakeTensor(torch.Tensor):
             raise RuntimeError(f"{name}: Expected all tensors to be on the same device, but found at least two "
                                f"devices, {DEVICE} and cpu!")
         leaving = kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu"
+        if leaving or name == "aten::_local_scalar_dense":  # .cpu(), .numpy() of it, .item(), float(), bool()
+            global host_reads
+            host_reads += 1
         unwrap = lambda t: t.inner if _on_device(t) else t  # noqa: E731
         func = _CUDA_ONLY.get(func, func)
         out = func(*tree_map(unwrap, args), **{k: _cpu(unwrap(v)) for k, v in kwargs.items()})

@@ -2,7 +2,8 @@
 
 CI has no GPU, so the learners run on ``fakegpu`` (tests/fake_device.py), a device that computes
 on the CPU but fails wherever a tensor on the CPU meets one on the device, a device tensor is
-read as NumPy or pickled, or a draw uses another device's generator, as CUDA does.
+read as NumPy or pickled, or a draw uses another device's generator, as CUDA does; and that
+counts the values the host reads back, each of which would stall a GPU's queue.
 """
 
 from __future__ import annotations
@@ -148,3 +149,25 @@ def test_a_ray_learner_and_inference_servers_ask_for_a_gpu_when_the_device_needs
             backend.learner_gpus()
     else:
         assert (backend.learner_gpus(), backend.inference_gpus()) == asks
+
+
+@pytest.mark.parametrize("algo, env, more, settings", [
+    ("dqn", "CartPole-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("sac", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+])
+def test_a_learners_updates_read_nothing_back_from_the_device(fakegpu, algo, env, more, settings):
+    """On a GPU every value the host reads (a norm compared, a loss printed) waits for the work
+    queued before it: an iteration's reads must not grow with its gradient steps."""
+    reads = {}
+    for n in (2, 6):
+        config = make_config(algo, env, device=fakegpu, **QUIET, **{**settings, more: n})
+        with shoal.make(config) as algo_:
+            while algo_.train().get("learner/updates", 1) == 0:  # until replay starts the updates
+                pass
+            before = fake_device.host_reads
+            algo_.train()
+            reads[n] = fake_device.host_reads - before
+    assert reads[2] == reads[6] > 0, reads
