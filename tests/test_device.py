@@ -126,8 +126,9 @@ def test_device_auto_is_the_cpu_without_cuda_and_cuda_without_one_fails_in_one_l
 
 
 def test_device_names_are_checked_where_the_config_is_made():
-    with pytest.raises(ConfigError, match="--device must be cpu, cuda, cuda:N or auto, got 'gpu'"):
-        make_config("ppo", "CartPole-v1", device="gpu")
+    for name in ("gpu", "mps"):
+        with pytest.raises(ConfigError, match=f"--device must be cpu, cuda, cuda:N or auto, got '{name}'"):
+            make_config("ppo", "CartPole-v1", device=name)
     with pytest.raises(ConfigError, match="on the ray backend the learner uses the GPU Ray gives it"):
         make_config("ppo", "CartPole-v1", device="cuda:1", backend="ray")
     with pytest.raises(ShoalError, match="there are 1 fakegpu devices here, numbered from 0"):
