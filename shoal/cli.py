@@ -458,6 +458,9 @@ class ServePolicyArgs:
     """PEM private key for TLS."""
     max_message_mb: float = 16.0
     """Largest request or reply, in MiB."""
+    device: str = "cpu"
+    """Where the forward passes run: cpu, cuda, cuda:N or auto (a GPU pays for large networks
+    and large batches)."""
 
 
 def cmd_serve_policy(argv: list[str], console: Console) -> int:
@@ -479,7 +482,7 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
     server = PolicyServer(dict(zip(ids, args.paths)), follow=args.follow, max_batch=args.max_batch,
                           max_wait_ms=args.max_wait_ms, host=args.host, port=args.port,
                           token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
-                          tls_cert=args.tls_cert, tls_key=args.tls_key)
+                          tls_cert=args.tls_cert, tls_key=args.tls_key, device=args.device)
     versions = ", ".join(f"{pid} (version {p.version})" for pid, p in server.policies.items())
     return _serve(server, console, f"serving {versions}" + (", following their runs" if args.follow else ""))
 

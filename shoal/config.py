@@ -130,7 +130,9 @@ class Config:
         _check(self.log_interval >= 1, "log_interval must be at least 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
-        _check(_device_name(self.device), f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        from shoal.devices import named
+
+        _check(named(self.device), f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
         _check(self.backend != "ray" or ":" not in self.device, f"--device {self.device}: on the ray backend the "
                "learner uses the GPU Ray gives it: give --device cuda")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
@@ -168,21 +170,6 @@ class Config:
     def num_envs(self) -> int:
         """Environments across all runners."""
         return self.num_env_runners * self.num_envs_per_runner
-
-
-def _device_name(spec: str) -> bool:
-    """Whether ``spec`` names a device shoal trains on: auto, cpu, cuda or cuda:N (or a device
-    registered as torch's PrivateUse1 backend, as the tests' stand-in). Others torch knows (mps,
-    xpu) are refused: the running statistics are float64, which MPS lacks, and neither is tested."""
-    if spec == "auto":
-        return True
-    import torch
-
-    try:
-        kind = torch.device(spec).type
-    except RuntimeError:
-        return False
-    return kind in ("cpu", "cuda", torch._C._get_privateuse1_backend_name())
 
 
 def _check(ok: bool, message: str) -> None:

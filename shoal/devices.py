@@ -14,9 +14,24 @@ import torch
 from shoal.errors import ShoalError
 
 
+def named(spec: str) -> bool:
+    """Whether ``spec`` names a device shoal trains on: auto, cpu, cuda or cuda:N (or a device
+    registered as torch's PrivateUse1 backend, as the tests' stand-in). Others torch knows (mps,
+    xpu) are refused: the running statistics are float64, which MPS lacks, and neither is tested."""
+    if spec == "auto":
+        return True
+    try:
+        kind = torch.device(spec).type
+    except RuntimeError:
+        return False
+    return kind in ("cpu", "cuda", torch._C._get_privateuse1_backend_name())
+
+
 def resolve(spec: str) -> torch.device:
     """The device ``--device`` names, checked here, where the learner runs (on Ray, a machine the
     driver may not be): auto is cuda where torch sees one, else the CPU."""
+    if not named(spec):
+        raise ShoalError(f"--device must be cpu, cuda, cuda:N or auto, got {spec!r}")
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)

@@ -22,6 +22,7 @@ once ONNX Runtime gives the policy's own actions on sample observations.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -107,6 +108,11 @@ def export_onnx(policy: Policy, path: str | Path) -> dict[str, Any]:
     (``inputs`` and ``outputs``: name -> (shape after the batch, dtype)) and how many sample
     observations it was checked on."""
     ort = [_needs(name) for name in ("onnx", "onnxscript", "onnxruntime")][-1]
+    if policy.device.type != "cpu":  # traced and checked on the CPU, where ONNX Runtime runs it here
+        from shoal.policy import Policy
+
+        policy = Policy(copy.deepcopy(policy.module).cpu(), policy.version, policy.config,
+                        policy.saved_env_observation_space)
     module, path = policy.module, Path(path)
     if path.is_dir():
         raise ShoalError(f"{path} is a directory: name the .onnx file to write")

@@ -297,6 +297,9 @@ class PolicyModule(nn.Module):
     def forget(self, done: np.ndarray) -> None:
         """Zero the memory of the rows [N] whose episode just ended (recurrent policies)."""
 
+    def start_rollout(self) -> None:
+        """A runner's rollout begins (noise held for a rollout is drawn afresh); default: nothing."""
+
     def apply_ladder(self, index: int, count: int) -> None:
         """Set this copy's exploration for runner ``index`` of ``count`` (Ape-X); default: unchanged."""
 
@@ -308,7 +311,7 @@ class PolicyModule(nn.Module):
 
     def to_env(self, actions: Tensor) -> np.ndarray:
         """Actions as the env takes them (:meth:`env_actions`), as a NumPy array."""
-        return self.env_actions(actions).numpy()
+        return self.env_actions(actions).cpu().numpy()
 
     def env_actions(self, actions: Tensor) -> Tensor:
         """Actions [N, ...] of :meth:`act` or :meth:`explore` as the env takes them: a discrete
@@ -374,7 +377,7 @@ class ActorCritic(PolicyModule):
 
     def reset_memory(self, n: int) -> None:
         if self.lstm is not None:
-            zeros = torch.zeros(n, 2 * self.lstm_size)
+            zeros = torch.zeros(n, 2 * self.lstm_size, device=self.lstm[0].weight_hh_l0.device)
             self.memory = (zeros, zeros.clone())
 
     def forget(self, done: np.ndarray) -> None:
@@ -606,6 +609,7 @@ class Policy:
     def __init__(self, module: PolicyModule, version: int = 0, config: Any = None,
                  env_observation_space: gym.Space | None = None):
         self.module = module.eval()
+        self.device = next(module.parameters()).device
         self.version = version
         self.config = config  # the run's settings, when known (a checkpoint's, a live algorithm's)
         self.observation_space = module.obs_space
@@ -655,9 +659,9 @@ class Policy:
         if any(m.shape != ((width,) if single else (len(x), width)) for m in hc):
             raise ShoalError(f"memory of shapes {[m.shape for m in hc]} for {len(x)} observation(s): this policy "
                              f"takes h and c of {width} numbers per observation (2 x lstm_size)")
-        h, c = (torch.as_tensor(m.reshape(len(x), width)) for m in hc)
+        h, c = (torch.as_tensor(m.reshape(len(x), width), device=self.device) for m in hc)
         actions, h, c = self.module.act_with_memory(x, (h, c), deterministic, generator)
-        actions, h, c = self.module.to_env(actions), h.numpy(), c.numpy()
+        actions, h, c = self.module.to_env(actions), h.cpu().numpy(), c.cpu().numpy()
         return (actions[0], (h[0], c[0])) if single else (actions, (h, c))
 
     def _inputs(self, obs: Any, action_mask: np.ndarray | None) -> tuple[Tensor, bool]:
@@ -676,7 +680,7 @@ class Policy:
                     "policy.make_env() gives its env stacking them)" if stack > 1 else "")
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape}{hint} "
                              f"or a batch of shape (N, {', '.join(map(str, shape))})")
-        return self.module.normalize(torch.as_tensor(obs[None] if single else obs)), single
+        return self.module.normalize(torch.as_tensor(obs[None] if single else obs, device=self.device)), single
 
     def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:
         """Observations [N, width] or [width] with their mask in the last entries (see :meth:`act`)."""
@@ -706,6 +710,15 @@ class Policy:
         if env is None:
             raise ShoalError("this policy does not know the env it was trained in (no run settings)")
         return make_env(env, render_mode, getattr(self.config, "env_kwargs", None), EnvOptions.of(self.config))
+
+    def to(self, device: str | torch.device) -> Policy:
+        """This policy, acting on ``device`` (``cuda``, ``cpu``; as ``--device`` names them) from
+        now on: observations go there and actions come back as NumPy arrays. Returns itself."""
+        from shoal import devices
+
+        self.device = devices.resolve(str(device))
+        self.module.to(self.device)
+        return self
 
     def export_onnx(self, path: str | Path) -> dict[str, Any]:
         """Write this policy's most likely actions as an ONNX model at ``path``, checked against

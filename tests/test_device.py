@@ -172,3 +172,35 @@ def test_a_learners_updates_read_nothing_back_from_the_device(fakegpu, algo, env
             algo_.train()
             reads[n] = fake_device.host_reads - before
     assert reads[2] == reads[6] > 0, reads
+
+
+@pytest.mark.parametrize("case", ["ppo", "ppo-continuous", "ppo-lstm", "dqn", "sac", "sac-images"])
+def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(fakegpu, tmp_path, case):
+    from shoal.remote.policyserver import PolicyClient, PolicyServer
+
+    algo, env, settings = CASES[case]
+    config = make_config(algo, env, **QUIET, **settings)
+    with shoal.make(config) as algo_:
+        algo_.train()
+        algo_.save(tmp_path / "ck")
+    cpu, device = shoal.load_policy(tmp_path / "ck"), shoal.load_policy(tmp_path / "ck").to(fakegpu)
+    assert device.device.type == "fakegpu" and {p.device.type for p in device.module.parameters()} == {"fakegpu"}
+    obs = np.stack([cpu.observation_space.sample() for _ in range(8)])
+    if cpu.module.recurrent:  # three steps of eight episodes, the memory held by the policy, then by the caller
+        for _ in range(3):
+            np.testing.assert_allclose(device.act(obs), cpu.act(obs), atol=1e-5)
+        (a, (h, c)), (b, (h2, c2)) = device.act_with_memory(obs, None), cpu.act_with_memory(obs, None)
+        np.testing.assert_allclose(a, b, atol=1e-5)
+        np.testing.assert_allclose(h, h2, atol=1e-5)
+        return
+    np.testing.assert_allclose(device.act(obs), cpu.act(obs), atol=1e-5)
+    if case == "ppo":  # exported from a CPU copy, checked there against its actions
+        assert device.export_onnx(tmp_path / "policy.onnx")["checked"] > 0
+    server = PolicyServer({"default": tmp_path / "ck"}, port=0, device=fakegpu).start()
+    assert {p.device.type for p in server.policies["default"].module.parameters()} == {"fakegpu"}
+    client = PolicyClient(server.address)
+    try:
+        np.testing.assert_allclose(client.act(obs)[0], cpu.act(obs), atol=1e-5)
+    finally:
+        client.close()
+        server.stop(grace=0)

@@ -48,13 +48,15 @@ class PolicyServer:
     """Serves policies by id; ``sources`` maps each id to a run directory or checkpoint."""
 
     def __init__(self, sources: dict[str, str | Path], *, follow: bool = False, poll_s: float = 1.0,
-                 max_batch: int = 64, max_wait_ms: float = 2.0, **server_options: Any):
-        from shoal.algorithm import load_policy
+                 max_batch: int = 64, max_wait_ms: float = 2.0, device: str = "cpu", **server_options: Any):
+        from shoal import devices
 
         if not sources:
             raise ShoalError("name at least one run directory or checkpoint to serve")
+        self.device = devices.resolve(device)  # where the forward passes run
         self.sources = {pid: Path(p) for pid, p in sources.items()}
-        self.policies: dict[str, Policy] = {pid: _first_policy(p, follow) for pid, p in self.sources.items()}
+        self.policies: dict[str, Policy] = {pid: _first_policy(p, follow).to(self.device)
+                                            for pid, p in self.sources.items()}
         self.stores: dict[str, Any] = {}  # policy id -> the WeightStore actor of its running trainer
         self.unreachable: dict[str, int] = {}  # policy id -> mtime of a live.json that led nowhere
         self.default = next(iter(self.policies))
@@ -113,7 +115,7 @@ class PolicyServer:
                 path = ckpt.resolve(source)
                 version = ckpt.read_meta(path)["policy_version"]
                 if version > self.policies[pid].version:
-                    policy = load_policy(path)
+                    policy = load_policy(path).to(self.device)
                     with self.lock:
                         self.policies[pid] = policy
                     changed.append(pid)
