@@ -130,6 +130,7 @@ class EnvRunner:
         floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
         discounted = np.empty((num_steps, B)) if self.discounted is not None else None
         memory = tuple(x.numpy().copy() for x in m.memory) if m.recurrent else None
+        m.start_rollout()
         for t in range(num_steps):
             if raw is not None:
                 raw[t] = self.obs.reshape(B, obs_dim)

@@ -43,6 +43,7 @@ CASES = {
     "td3": ("td3", "Pendulum-v1", dict(OFF_POLICY, updates_per_step=2, policy_delay=3)),
     "sac": ("sac", "Pendulum-v1", dict(OFF_POLICY, prioritized=True)),
     "sac-discrete": ("sac", "CartPole-v1", OFF_POLICY),
+    "sac-sde": ("sac", "Pendulum-v1", dict(OFF_POLICY, use_sde=True)),
     # image observations: uint8 frames through convolutional encoders
     "ppo-images": ("ppo", "MiniGrid-Empty-5x5-v0", dict(ON_POLICY, minibatch_size=32, num_epochs=1)),
     "dqn-images": ("dqn", "MiniGrid-Empty-5x5-v0", dict(OFF_POLICY, buffer_size=1000)),
@@ -81,8 +82,7 @@ def learner_state(config, iterations, save_to=None):
 @pytest.mark.parametrize("case", CASES)
 def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_path, case):
     algo, env, settings = CASES[case]
-    on_policy = "rollout_steps" in settings and settings["rollout_steps"] > 1
-    iterations = 4 if on_policy else 100
+    iterations = 4 if algo in ("ppo", "a2c", "trpo", "impala", "appo") else 100  # (off-policy: ~36 updates)
     cpu, where = learner_state(make_config(algo, env, device="cpu", **QUIET, **settings), iterations)
     assert where == {"cpu"}
     config = make_config(algo, env, device=fakegpu, **QUIET, **settings)

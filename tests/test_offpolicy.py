@@ -251,6 +251,7 @@ def test_epsilon_schedule():
 
 @pytest.mark.parametrize("cls, env, extra", [
     (SACConfig, "Pendulum-v1", {}),
+    (SACConfig, "Pendulum-v1", {"use_sde": True, "sde_sample_freq": 3}),  # noise held in the runners
     (SACConfig, "CartPole-v1", {"n_step": 3}),  # SAC-Discrete
     (DQNConfig, "CartPole-v1", {"prioritized": True, "n_step": 3, "dueling": True}),
     (DQNConfig, "BitFlipping-v0", {"her_goals": 4, "env_kwargs": {"n_bits": 7}}),  # episodes pending at the save
@@ -371,3 +372,65 @@ def test_the_progress_bar_shows_the_step_rate_before_the_first_row(tmp_path):
     shoal.train(config, run_dir=tmp_path / "run", console=Console(file=out, width=200, force_terminal=True))
     rates = [float(r.replace(",", "")) for r in re.findall(r"steps\s+([\d,]+)/s", out.getvalue())]
     assert rates and rates[-1] > 0, out.getvalue()[-500:]
+
+
+def sde_actor(freq=-1, seed=0):
+    torch.manual_seed(seed)
+    actor = SquashedGaussianActor(BOX, gym.spaces.Box(-1, 1, (2,)), (16, 8), "relu", sde=(-1.0, freq))
+    actor.random_actions.fill_(False)
+    return actor
+
+
+def test_gsde_log_probabilities_are_the_squashed_gaussian_of_its_features():
+    """u = mu + h theta, theta ~ N(0, sigma^2) per element: u ~ N(mu, sqrt(h^2 sigma^2)) given the
+    features h, then tanh; sample() gives that density, and its gradient reaches sigma."""
+    actor = sde_actor()
+    x = torch.randn(64, 3)
+    a, logp = actor.sample(x, torch.Generator().manual_seed(3))
+    h = actor.trunk(x)
+    std = (h.detach().pow(2) @ actor.sde_log_std.exp().pow(2) + 1e-6).sqrt()
+    dist = TransformedDistribution(Normal(actor.mu(h), std), TanhTransform(cache_size=1))
+    torch.testing.assert_close(logp, dist.log_prob(a.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=2e-3, rtol=1e-4)
+    (grad,) = torch.autograd.grad(logp.sum(), actor.sde_log_std)
+    assert grad.abs().sum() > 0
+    # the noise and its scale do not train the features (SB3's learn_features=False)
+    u, _, log_std = actor._gaussian(x, torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad((u - actor.mu(actor.trunk(x))).sum() + log_std.sum(), list(actor.trunk.parameters()))
+    assert all(g.abs().sum() == 0 for g in grads)
+    assert actor.sde_log_std.shape == (8, 2) and (actor.mu(h).abs() <= 2).all()  # the mean clipped, as SB3's
+
+
+@pytest.mark.parametrize("freq", [-1, 2])
+def test_gsde_runners_hold_each_envs_noise_for_a_rollout_or_sample_freq_steps(freq):
+    actor, g = sde_actor(freq), torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3).repeat(2, 1)  # 8 envs, the second four seeing the first four's observations
+    actor.start_rollout()
+    steps = [actor.explore(x, g)[0] for _ in range(4)]
+    assert not torch.equal(steps[0][:4], steps[0][4:])  # each env its own matrix
+    assert torch.equal(steps[0], steps[1])  # held: the same observation gets the same action
+    assert torch.equal(steps[1], steps[2]) == (freq == -1)  # drawn again after sample_freq steps
+    actor.start_rollout()
+    assert not torch.equal(actor.explore(x, g)[0], steps[3])  # a rollout draws afresh
+    # the learner's draws: one matrix for a batch, fresh each time
+    assert not torch.equal(actor.sample(x[:4], g)[0], actor.sample(x[:4], g)[0])
+
+
+def test_gsde_runners_draw_their_noise_afresh_each_rollout():
+    from shoal.runner import EnvRunner
+
+    config = SACConfig(env="Pendulum-v1", use_sde=True, num_envs_per_runner=2, progress=False, tensorboard=False)
+    runner = EnvRunner(config, 0, WeightStore())
+    runner.policy.random_actions.fill_(False)
+    runner._rollout(3)
+    first = runner.policy.sde_matrices
+    runner._rollout(3)
+    assert first.shape == (2, 256, 1) and not torch.equal(first, runner.policy.sde_matrices)
+
+
+def test_gsde_is_refused_where_it_cannot_hold_its_noise():
+    with pytest.raises(ConfigError, match="cannot be combined with --inference central"):
+        SACConfig(env="Pendulum-v1", use_sde=True, inference="central")
+    with pytest.raises(ConfigError, match="sde_sample_freq must be -1"):
+        SACConfig(env="Pendulum-v1", use_sde=True, sde_sample_freq=0)
+    with pytest.raises(shoal.ShoalError, match="--use-sde explores continuous actions"):
+        shoal.make(SACConfig(env="CartPole-v1", use_sde=True, progress=False, tensorboard=False))

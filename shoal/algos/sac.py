@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
+from shoal.errors import ShoalError
 from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
                              target_copy)
 from shoal.policy import PolicyModule, mlp
@@ -45,30 +46,86 @@ class SACConfig(OffPolicyConfig):
     target_entropy_scale: float = 0.1
     """Discrete actions: the default target entropy as a fraction of the uniform policy's (0.1: CartPole-v1
     plateaus near 250 with 0.5 here; Christodoulou used 0.98 on Atari)."""
+    use_sde: bool = False
+    """Generalized State-Dependent Exploration (gSDE, Raffin et al. 2021; SB3's use_sde), continuous
+    actions: the exploration noise is the last hidden layer's features times a random matrix, held
+    for a rollout (or sde_sample_freq steps), so consecutive actions explore smoothly; its scale
+    (log_std_init, then learned) is one per feature and action instead of a head's output."""
+    sde_sample_freq: int = -1
+    """With use_sde: steps between fresh noise matrices in the runners (-1: one per rollout)."""
+    log_std_init: float = -3.0
+    """With use_sde: the initial log of the noise matrix's scale."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.alpha is None or self.alpha >= 0, "alpha must be 0 or more (or None to tune it)")
         _check(self.alpha_init > 0, "alpha_init must be positive")
         _check(0 < self.target_entropy_scale < 1, "target_entropy_scale must be in (0, 1)")
+        _check(self.sde_sample_freq == -1 or self.sde_sample_freq >= 1, "sde_sample_freq must be -1 (once per "
+               "rollout) or at least 1")
+        _check(not self.use_sde or self.inference == "local", "--use-sde holds a noise matrix per env in each "
+               "runner's policy: it cannot be combined with --inference central, whose servers act for every "
+               "runner's envs")
 
 
 class SquashedGaussianActor(ScaledActions):
-    """a = tanh(u), u ~ N(mu(s), sigma(s)): bounded actions with a tractable log-probability."""
+    """a = tanh(u), u ~ N(mu(s), sigma(s)): bounded actions with a tractable log-probability.
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
+    With ``sde`` (log_std_init, sample_freq), gSDE (Raffin et al. 2021, as SB3's): u = mu(s) +
+    h(s) theta, h the last hidden layer's features (detached: the noise does not train them) and
+    theta [features, actions] drawn from N(0, sigma^2) elementwise, sigma = exp(log_std) learned;
+    so u ~ N(mu, sqrt(h^2 sigma^2)). Runners hold one theta per env for a rollout (or
+    ``sample_freq`` steps), so an env's consecutive actions move together; the learner draws one
+    per batch. The mean is clipped to [-2, 2] before the squash, as SB3's clip_mean.
+    """
+
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str,
+                 sde: tuple[float, int] | None = None):
         super().__init__(obs_space, action_space)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.trunk = nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
-        self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
+        self.sde = sde
+        if sde is None:
+            self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
+            self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
+        else:
+            self.mu = nn.Sequential(nn.Linear(hidden_sizes[-1], self.action_dim), nn.Hardtanh(-2.0, 2.0))
+            self.sde_log_std = nn.Parameter(torch.full((hidden_sizes[-1], self.action_dim), float(sde[0])))
+            self.sde_matrices: Tensor | None = None  # [envs, features, actions]: the runner's, held
+            self.sde_steps = 0  # steps acted with them
 
-    def _gaussian(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-        """(u, the noise that drew it, log sigma), each [N, act_dim]."""
+    def _gaussian(self, x: Tensor, generator: torch.Generator | None,
+                  held: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """(u, the standard normal noise that drew it, log sigma), each [N, act_dim]; ``held``:
+        gSDE's noise from the matrices the rows' envs hold (else one drawn for the batch)."""
         h = self.trunk(self.encoder(x))
-        mu, log_std = self.mu(h), self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        noise = torch.randn(mu.shape, generator=generator, device=mu.device)
-        return mu + log_std.exp() * noise, noise, log_std
+        mu = self.mu(h)
+        if self.sde is None:
+            log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
+            noise = torch.randn(mu.shape, generator=generator, device=mu.device)
+            return mu + log_std.exp() * noise, noise, log_std
+        features, sigma = h.detach(), self.sde_log_std.exp()
+        std = (features.pow(2) @ sigma.pow(2) + 1e-6).sqrt()  # of u given the features [N, act_dim]
+        if held:
+            eps = torch.bmm(features[:, None, :], self._held_matrices(len(x), generator)).squeeze(1)
+        else:
+            eps = features @ (sigma * torch.randn(sigma.shape, generator=generator, device=sigma.device))
+        return mu + eps, eps / std, std.log()
+
+    def _held_matrices(self, n: int, generator: torch.Generator | None) -> Tensor:
+        """The runner's noise matrices for its ``n`` envs: drawn at a rollout's first step, every
+        ``sample_freq`` steps, and when the number of envs changes."""
+        freq = self.sde[1]
+        if (self.sde_matrices is None or len(self.sde_matrices) != n
+                or (freq > 0 and self.sde_steps > 0 and self.sde_steps % freq == 0)):
+            sigma = self.sde_log_std.exp()
+            self.sde_matrices = sigma * torch.randn((n, *sigma.shape), generator=generator)
+        self.sde_steps += 1
+        return self.sde_matrices
+
+    def start_rollout(self) -> None:
+        if self.sde is not None:
+            self.sde_matrices, self.sde_steps = None, 0
 
     def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Reparameterised actions [N, act_dim] and their log-probabilities [N] (Appendix C)."""
@@ -79,13 +136,14 @@ class SquashedGaussianActor(ScaledActions):
         logp = logp - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1)
         return a, logp
 
-    def _draw(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+    def _draw(self, x: Tensor, generator: torch.Generator | None, held: bool = False) -> Tensor:
         """Actions as :meth:`sample` draws them, without their log-probabilities."""
-        return torch.tanh(self._gaussian(x, generator)[0])
+        return torch.tanh(self._gaussian(x, generator, held)[0])
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         # Replay keeps no behaviour log-probabilities (as DQN's runners, these report zeros).
-        a = self.uniform(x.shape[0], generator) if self.random_actions else self._draw(x, generator)
+        a = (self.uniform(x.shape[0], generator) if self.random_actions
+             else self._draw(x, generator, held=self.sde is not None))
         return a, x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
@@ -138,8 +196,11 @@ class CategoricalActor(PolicyModule):
 def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
     """The actor SAC trains: a squashed Gaussian for Box actions, a categorical for Discrete."""
     if isinstance(action_space, gym.spaces.Discrete):
+        if config.use_sde:
+            raise ShoalError("--use-sde explores continuous actions: it takes Box actions, not Discrete ones")
         return CategoricalActor(obs_space, action_space, config.hidden_sizes, config.activation)
-    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation)
+    sde = (config.log_std_init, config.sde_sample_freq) if config.use_sde else None
+    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation, sde)
 
 
 class SACLearner(OffPolicyLearner):
