@@ -10,7 +10,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SCRIPTS = ["bench_sampling.py", "bench_startup.py", "bench_cartpole_vs_sb3.py", "bench_offpolicy_vs_sb3.py",
            "bench_denormals.py", "bench_async.py", "bench_remote.py", "bench_grpc_floor.py", "bench_atari.py",
-           "bench_recurrent.py", "bench_frame_stack.py", "bench_masking.py", "bench_export.py", "bench_her.py", "bench_ou_noise.py",
+           "bench_recurrent.py", "bench_frame_stack.py", "bench_masking.py", "bench_export.py", "bench_her.py",
+           "bench_ou_noise.py", "bench_gsde.py",
            "bench_replay_memory.py", "bench_pixels_sac.py", "bench_mujoco.py", "bench_device.py",
            "bench_lunar_sac.py"]  # the last takes longest: 15-30 minutes for its one seed
 

@@ -216,8 +216,8 @@ class SACLearner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = self.policy.discrete
-        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes,
-                                config.activation, discrete=self.discrete, image=critic_image(self.policy)).to(self.device)
+        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
+                                discrete=self.discrete, image=critic_image(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), device=self.device,
                                       requires_grad=config.alpha is None)
