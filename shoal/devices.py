@@ -62,5 +62,6 @@ def to_cpu(tree: Any) -> Any:
     if isinstance(tree, dict):
         return {k: to_cpu(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(to_cpu(v) for v in tree)
+        items = [to_cpu(v) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)  # (a NamedTuple's fields)
     return tree

@@ -115,9 +115,9 @@ class Learner:
     def get_state(self) -> dict[str, Any]:
         """All the learner needs to continue exactly, on the CPU."""
         return devices.to_cpu({"weights": self.get_weights(), "extra": self.extra_state(),
-                       "version": self.version, "env_steps": self.env_steps,
-                       "dropped": (self.dropped_rollouts, self.dropped_steps),
-                       "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()})
+                               "version": self.version, "env_steps": self.env_steps,
+                               "dropped": (self.dropped_rollouts, self.dropped_steps),
+                               "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()})
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state` and republish the restored weights."""

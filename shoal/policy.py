@@ -382,7 +382,7 @@ class ActorCritic(PolicyModule):
 
     def forget(self, done: np.ndarray) -> None:
         if self.memory is not None and done.any():
-            keep = torch.as_tensor(~done, dtype=torch.float32)[:, None]
+            keep = torch.as_tensor(~done, dtype=torch.float32, device=self.memory[0].device)[:, None]
             self.memory = (self.memory[0] * keep, self.memory[1] * keep)
 
     def features(self, x: Tensor) -> Tensor:

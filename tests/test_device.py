@@ -189,6 +189,9 @@ def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(f
     if cpu.module.recurrent:  # three steps of eight episodes, the memory held by the policy, then by the caller
         for _ in range(3):
             np.testing.assert_allclose(device.act(obs), cpu.act(obs), atol=1e-5)
+        done = np.arange(8) % 2 == 0  # half the episodes end: their memory starts afresh
+        device.reset(done), cpu.reset(done)
+        np.testing.assert_allclose(device.act(obs), cpu.act(obs), atol=1e-5)
         (a, (h, c)), (b, (h2, c2)) = device.act_with_memory(obs, None), cpu.act_with_memory(obs, None)
         np.testing.assert_allclose(a, b, atol=1e-5)
         np.testing.assert_allclose(h, h2, atol=1e-5)
