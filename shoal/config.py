@@ -99,10 +99,11 @@ class Config:
     torch_threads: int = 1
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
     device: str = "cpu"
-    """Where the learner's networks train: cpu, cuda, cuda:N, or auto (cuda where there is one).
-    Runners and evaluators act on the CPU with the weights the learner publishes. On the ray
-    backend a learner on cuda or auto asks Ray for one GPU. The MLP presets run fastest on the
-    CPU; image observations and large networks gain from a GPU."""
+    """Where the learner's networks train (and --inference central's servers act): cpu, cuda,
+    cuda:N, or auto (cuda where there is one). Runners and evaluators act on the CPU with the
+    weights the learner publishes. On the ray backend a learner on cuda or auto asks Ray for a
+    GPU. Small MLPs are expected to gain little from a GPU; image observations and large
+    networks are what it is for."""
     progress: bool = True
     """Show a live progress bar."""
     tensorboard: bool = True
