@@ -388,15 +388,15 @@ def test_gsde_log_probabilities_are_the_squashed_gaussian_of_its_features():
     x = torch.randn(64, 3)
     a, logp = actor.sample(x, torch.Generator().manual_seed(3))
     h = actor.trunk(x)
-    std = (h.detach().pow(2) @ actor.sde_log_std.exp().pow(2) + 1e-6).sqrt()
+    std = (h.pow(2) @ actor.sde_log_std.exp().pow(2) + 1e-6).sqrt()
     dist = TransformedDistribution(Normal(actor.mu(h), std), TanhTransform(cache_size=1))
     torch.testing.assert_close(logp, dist.log_prob(a.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=2e-3, rtol=1e-4)
     (grad,) = torch.autograd.grad(logp.sum(), actor.sde_log_std)
     assert grad.abs().sum() > 0
-    # the noise and its scale do not train the features (SB3's learn_features=False)
-    u, _, log_std = actor._gaussian(x, torch.Generator().manual_seed(3))
-    grads = torch.autograd.grad((u - actor.mu(actor.trunk(x))).sum() + log_std.sum(), list(actor.trunk.parameters()))
-    assert all(g.abs().sum() == 0 for g in grads)
+    # the noise trains the features too (SB3's SAC: learn_features=True)
+    u, _, _ = actor._gaussian(x, torch.Generator().manual_seed(3))
+    grads = torch.autograd.grad((u - actor.mu(actor.trunk(x))).sum(), list(actor.trunk.parameters()))
+    assert all(g.abs().sum() > 0 for g in grads)
     assert actor.sde_log_std.shape == (8, 2) and (actor.mu(h).abs() <= 2).all()  # the mean clipped, as SB3's
 
 

@@ -71,10 +71,10 @@ class SACConfig(OffPolicyConfig):
 class SquashedGaussianActor(ScaledActions):
     """a = tanh(u), u ~ N(mu(s), sigma(s)): bounded actions with a tractable log-probability.
 
-    With ``sde`` (log_std_init, sample_freq), gSDE (Raffin et al. 2021, as SB3's): u = mu(s) +
-    h(s) theta, h the last hidden layer's features (detached: the noise does not train them) and
-    theta [features, actions] drawn from N(0, sigma^2) elementwise, sigma = exp(log_std) learned;
-    so u ~ N(mu, sqrt(h^2 sigma^2)). Runners hold one theta per env for a rollout (or
+    With ``sde`` (log_std_init, sample_freq), gSDE (Raffin et al. 2021, as SB3's SAC): u = mu(s)
+    + h(s) theta, h the last hidden layer's features (trained through the noise too, as SB3's
+    SAC's learn_features) and theta [features, actions] drawn from N(0, sigma^2) elementwise,
+    sigma = exp(log_std) learned; so u ~ N(mu, sqrt(h^2 sigma^2)). Runners hold one theta per env for a rollout (or
     ``sample_freq`` steps), so an env's consecutive actions move together; the learner draws one
     per batch. The mean is clipped to [-2, 2] before the squash, as SB3's clip_mean.
     """
@@ -104,7 +104,7 @@ class SquashedGaussianActor(ScaledActions):
             log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
             noise = torch.randn(mu.shape, generator=generator, device=mu.device)
             return mu + log_std.exp() * noise, noise, log_std
-        features, sigma = h.detach(), self.sde_log_std.exp()
+        features, sigma = h, self.sde_log_std.exp()
         std = (features.pow(2) @ sigma.pow(2) + 1e-6).sqrt()  # of u given the features [N, act_dim]
         if held:
             eps = torch.bmm(features[:, None, :], self._held_matrices(len(x), generator)).squeeze(1)
