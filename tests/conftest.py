@@ -6,7 +6,13 @@ import os
 
 import pytest
 
+import fake_device
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The stand-in device of tests/test_device.py, registered before this process's first backward
+# pass: torch's autograd engine sizes its per-device queues then, once, and a device registered
+# later has none (an internal assert fails in its first backward).
+fake_device.install()
 os.environ.pop("RAY_ADDRESS", None)  # the ray backend would join that cluster; the tests start their own
 
 

@@ -20,8 +20,9 @@ on a GPU. This module registers a device that makes the same mistakes fail on a 
 
 Values are the CPU's, bit for bit, and so are the random streams (the device's generator is a
 CPU generator seeded the same), so a run on ``fakegpu`` must equal the same run on the CPU.
-Call :func:`install` (once per process, and it cannot be undone: torch allows one PrivateUse1
-backend per process), and run the code under test inside :func:`checks`.
+Call :func:`install` once per process, before its first backward pass (the autograd engine
+sizes its device queues then; tests/conftest.py does it), and run the code under test inside
+:func:`checks`. It cannot be undone: torch allows one PrivateUse1 backend per process.
 """
 
 from __future__ import annotations
