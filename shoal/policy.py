@@ -609,7 +609,6 @@ class Policy:
     def __init__(self, module: PolicyModule, version: int = 0, config: Any = None,
                  env_observation_space: gym.Space | None = None):
         self.module = module.eval()
-        self.device = next(module.parameters()).device
         self.version = version
         self.config = config  # the run's settings, when known (a checkpoint's, a live algorithm's)
         self.observation_space = module.obs_space
@@ -716,9 +715,13 @@ class Policy:
         now on: observations go there and actions come back as NumPy arrays. Returns itself."""
         from shoal import devices
 
-        self.device = devices.resolve(str(device))
-        self.module.to(self.device)
+        self.module.to(devices.resolve(str(device)))
         return self
+
+    @property
+    def device(self) -> torch.device:
+        """Where this policy acts: its module's device (see :meth:`to`)."""
+        return next(self.module.parameters()).device
 
     def export_onnx(self, path: str | Path) -> dict[str, Any]:
         """Write this policy's most likely actions as an ONNX model at ``path``, checked against
