@@ -189,7 +189,9 @@ class OnPolicyLearner(Learner):
         cat = lambda name: self.tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
         obs, actions, logp = cat("obs"), cat("actions"), cat("logp")
         rewards = self.learner_rewards(rollouts)
-        terminated, truncated = cat("terminated"), cat("truncated")
+        host = lambda name: np.concatenate([getattr(r, name) for r in rollouts], axis=1)  # noqa: E731
+        ends = host("terminated") | host("truncated")  # on the host: recurrent batches lay out sequences by it
+        terminated, truncated = self.tensor(host("terminated")), self.tensor(host("truncated"))
         T, B = rewards.shape
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
         final_idx = np.concatenate([r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2)
@@ -198,7 +200,7 @@ class OnPolicyLearner(Learner):
         done = terminated | truncated
         seq = {}
         if m.recurrent:
-            values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, done, last_obs, final_obs,
+            values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, ends, last_obs, final_obs,
                                                                          final_idx)
         else:
             with torch.no_grad():  # one forward for every value the estimators need
@@ -210,23 +212,23 @@ class OnPolicyLearner(Learner):
                 "done": done, **seq}
 
     @torch.no_grad()
-    def recurrent_values(self, rollouts: list[Rollout], obs: Tensor, done: Tensor, last_obs: Tensor,
+    def recurrent_values(self, rollouts: list[Rollout], obs: Tensor, ends: np.ndarray, last_obs: Tensor,
                          final_obs: Tensor, final_idx: np.ndarray) -> tuple[Tensor, Tensor, Tensor, dict[str, Any]]:
         """A recurrent critic's V(s_t) [T, B], its values of the last observations [B] and of
         episodes' final observations [K], each seen with the memory of the steps before it (one
         pass: a final observation follows its episode's last step, a last one its env's
-        sequence); and what minibatches replay: the memory (h, c) [B, 2 * lstm_size] each env's
-        sequence began with."""
+        sequence; ``ends`` [T, B], NumPy: where episodes ended); and what minibatches replay: the
+        memory (h, c) [B, 2 * lstm_size] each env's sequence began with, and ``ends``."""
         m = self.policy
-        T, B = done.shape
+        T, B = ends.shape
         K = len(final_idx)
         memory = tuple(self.tensor(np.concatenate([r.memory[i] for r in rollouts])) for i in (0, 1))
         final_rows = np.full((T, B), -1)
         final_rows[final_idx[:, 0], final_idx[:, 1]] = T * B + np.arange(K)
-        segments, first = episode_segments(done.cpu().numpy(), final_rows, T * B + K + np.arange(B))
+        segments, first = episode_segments(ends, final_rows, T * B + K + np.arange(B))
         f = m.encoder(torch.cat([obs.reshape(T * B, *obs.shape[2:]), final_obs, last_obs]))
         v = m.critic_value(m.unroll(f, segments, segment_memory(memory, first)))
-        return v[: T * B].reshape(T, B), v[T * B + K:], v[T * B: T * B + K], {"memory": memory}
+        return v[: T * B].reshape(T, B), v[T * B + K:], v[T * B: T * B + K], {"memory": memory, "ends": ends}
 
     def gae_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """Flattened [N] samples with GAE advantages and returns."""
@@ -235,36 +237,37 @@ class OnPolicyLearner(Learner):
         adv, ret = gae(s["rewards"], s["values"], s["next_values"], s["done"], c.gamma, c.gae_lambda)
         T, B = adv.shape
         flat = lambda x: x.reshape(T * B, *x.shape[2:])
-        seq = {"done": s["done"], "memory": s["memory"]} if "memory" in s else {}
+        seq = {"ends": s["ends"], "memory": s["memory"]} if "memory" in s else {}
         return {"obs": flat(s["obs"]), "actions": flat(s["actions"]), "logp": flat(s["logp"]),
                 "adv": flat(adv), "ret": flat(ret), "values": flat(s["values"]), **seq}
 
-    def minibatches(self, batch: dict[str, Tensor], size: int) -> list[Tensor]:
-        """One epoch's minibatches of a :meth:`gae_batch`, in a fresh random order, as indices of
-        its flat [T * B] samples: ``size`` samples each; for a recurrent policy, whole sequences
-        (each env's T steps; size // T envs, at least one), time-major, for :meth:`evaluate`."""
+    def minibatches(self, batch: dict[str, Tensor], size: int) -> list[tuple[Tensor, np.ndarray | None]]:
+        """One epoch's minibatches of a :meth:`gae_batch`, in a fresh random order: the indices of
+        their flat [T * B] samples, ``size`` each, and None; for a recurrent policy, whole
+        sequences (each env's T steps, time-major; size // T envs, at least one), and those envs
+        in a NumPy array, for :meth:`evaluate` to lay their episodes out without reading the
+        indices back from the device."""
         if "memory" not in batch:
             perm = self.tensor(self.rng.permutation(len(batch["adv"])))
-            return [perm[start: start + size] for start in range(0, len(perm), size)]
-        T, B = batch["done"].shape
-        envs, k = self.tensor(self.rng.permutation(B)), max(1, size // T)
-        steps = torch.arange(T, device=self.device)[:, None] * B
-        return [(steps + envs[start: start + k]).reshape(-1) for start in range(0, B, k)]
+            return [(perm[start: start + size], None) for start in range(0, len(perm), size)]
+        T, B = batch["ends"].shape
+        order, k = self.rng.permutation(B), max(1, size // T)
+        envs, steps = self.tensor(order), torch.arange(T, device=self.device)[:, None] * B
+        return [((steps + envs[start: start + k]).reshape(-1), order[start: start + k]) for start in range(0, B, k)]
 
-    def evaluate(self, batch: dict[str, Tensor], idx: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def evaluate(self, batch: dict[str, Tensor], idx: Tensor | None = None,
+                 envs: np.ndarray | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probabilities, entropies and values [N] of the current network for the samples
         ``idx`` of a :meth:`gae_batch` (all of them for None); a recurrent network replays the
-        sequences of :meth:`minibatches`' envs from their first memory."""
+        sequences of :meth:`minibatches`' ``envs`` (all, in order, for None) from their first memory."""
         m = self.policy
         if "memory" not in batch:
             return m.evaluate(*((batch["obs"], batch["actions"]) if idx is None else
                                 (batch["obs"][idx], batch["actions"][idx])))
         if idx is None:
-            idx = torch.arange(len(batch["obs"]), device=self.device)
-        T = len(batch["done"])
-        envs = idx[: len(idx) // T]  # the first step's indices are the envs
-        segments, first = episode_segments(batch["done"][:, envs].cpu().numpy())
-        memory = tuple(x[envs] for x in batch["memory"])
+            idx, envs = torch.arange(len(batch["obs"]), device=self.device), np.arange(batch["ends"].shape[1])
+        segments, first = episode_segments(batch["ends"][:, envs])
+        memory = tuple(x[idx[: len(envs)]] for x in batch["memory"])  # the first step's indices are the envs
         obs = batch["obs"][idx]
         h = m.unroll(m.encoder(obs), segments, segment_memory(memory, first))
         return m.heads(h, batch["actions"][idx], m.legal(obs))
@@ -340,11 +343,11 @@ class VTraceLearner(OnPolicyLearner):
         size = c.minibatch_size or len(b["adv"])
         stats = []  # per step: policy loss, value loss, entropy
         for _ in range(c.num_epochs):
-            for idx in self.minibatches(b, size):
+            for idx, envs in self.minibatches(b, size):
                 adv = b["adv"][idx]
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                logp, entropy, value = self.evaluate(b, idx)
+                logp, entropy, value = self.evaluate(b, idx, envs)
                 entropy = entropy.mean()
                 pg = self.policy_loss(logp, b["logp"][idx], adv)
                 vl = 0.5 * (value - b["vs"][idx]).pow(2).mean()
@@ -373,7 +376,7 @@ class VTraceLearner(OnPolicyLearner):
         T, B = s["rewards"].shape
         flat = lambda x: x.reshape(T * B, *x.shape[2:])
         obs, actions = flat(s["obs"]), flat(s["actions"])
-        seq = {"done": s["done"], "memory": s["memory"]} if "memory" in s else {}
+        seq = {"ends": s["ends"], "memory": s["memory"]} if "memory" in s else {}
         with torch.no_grad():
             if seq:
                 target_logp = self.evaluate({"obs": obs, "actions": actions, **seq})[0].reshape(T, B)

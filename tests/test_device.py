@@ -158,6 +158,8 @@ def test_a_ray_learner_and_inference_servers_ask_for_a_gpu_when_the_device_needs
     ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
     ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
     ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("ppo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
+    ("appo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
 ])
 def test_a_learners_updates_read_nothing_back_from_the_device(fakegpu, algo, env, more, settings):
     """On a GPU every value the host reads (a norm compared, a loss printed) waits for the work

@@ -97,9 +97,11 @@ def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny, inferen
         with torch.no_grad():
             torch.testing.assert_close(learner.evaluate(batch)[0], batch["logp"], atol=1e-5, rtol=0)
             minibatches = learner.minibatches(batch, 128)
-            assert [len(idx) for idx in minibatches] == [128, 128]  # 2 envs' 64 steps each
-            for idx in minibatches:
-                torch.testing.assert_close(learner.evaluate(batch, idx)[0], batch["logp"][idx], atol=1e-5, rtol=0)
+            assert [len(idx) for idx, _ in minibatches] == [128, 128]  # 2 envs' 64 steps each
+            for idx, envs in minibatches:
+                np.testing.assert_array_equal(idx[:2].numpy(), envs)  # the envs whose sequences they are
+                torch.testing.assert_close(learner.evaluate(batch, idx, envs)[0], batch["logp"][idx], atol=1e-5,
+                                           rtol=0)
 
 
 def test_ppo_with_an_lstm_learns_a_task_that_needs_memory(tmp_path):
@@ -221,9 +223,10 @@ def test_vtrace_learners_replay_the_runners_sequences(algo):
         b = learner.vtrace_batch([rollout])
         torch.testing.assert_close(b["logp"], b["behaviour_logp"], atol=1e-5, rtol=0)
         with torch.no_grad():
-            for idx in learner.minibatches(b, 128):
+            for idx, envs in learner.minibatches(b, 128):
                 assert len(idx) == 128
-                torch.testing.assert_close(learner.evaluate(b, idx)[0], b["behaviour_logp"][idx], atol=1e-5, rtol=0)
+                torch.testing.assert_close(learner.evaluate(b, idx, envs)[0], b["behaviour_logp"][idx], atol=1e-5,
+                                           rtol=0)
         learner.learn([rollout])  # and a step of training on it
 
 

@@ -79,11 +79,11 @@ class PPOLearner(OnPolicyLearner):
         batch = self.gae_batch(rollouts)
         stats = []  # per minibatch: policy loss, value loss, entropy, approx KL, clip fraction
         for _ in range(c.num_epochs):
-            for idx in self.minibatches(batch, c.minibatch_size):
+            for idx, envs in self.minibatches(batch, c.minibatch_size):
                 adv = batch["adv"][idx]
                 if c.normalize_advantages and len(idx) > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                logp, entropy, value = self.evaluate(batch, idx)
+                logp, entropy, value = self.evaluate(batch, idx, envs)
                 entropy = entropy.mean()
                 pg = clipped_surrogate(logp, batch["logp"][idx], adv, clip)
                 vl = value_loss(value, batch["values"][idx], batch["ret"][idx], c.vf_clip)

@@ -145,7 +145,7 @@ class TRPOLearner(OnPolicyLearner):
         lr = self.scheduled_lr(self.optimizer)
         losses = []
         for _ in range(c.vf_epochs):
-            for idx in self.minibatches(b, c.vf_minibatch_size):
+            for idx, _ in self.minibatches(b, c.vf_minibatch_size):
                 loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
