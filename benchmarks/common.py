@@ -220,17 +220,18 @@ def compare_times_to(runs: dict, seeds: list[int], target: float, rate: dict[str
 
 
 def main_against_peer(name: str, description: str, default_steps: int, target: float, throughput: dict,
-                      times: dict) -> None:
-    """A benchmark script's main: parse ``--steps`` and ``--seeds``; print each framework's
-    training rate (``throughput[framework](steps)``) and their ratio, then the times to
-    ``target`` (``times[framework](seed)``, :func:`compare_times_to`); save the figures as NAME.
-    The first framework is shoal, the second its peer."""
+                      times: dict, argv: list[str] | None = None) -> None:
+    """A benchmark script's main: parse ``--steps`` and ``--seeds`` (of ``argv``, default the
+    command line's); print each framework's training rate (``throughput[framework](steps)``) and
+    their ratio, then the times to ``target`` (``times[framework](seed)``,
+    :func:`compare_times_to`); save the figures as NAME. The first framework is shoal, the
+    second its peer."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--steps", type=int, default=default_steps, help="env steps of the throughput runs")
     parser.add_argument("--seeds", type=int, nargs="*", default=[], help=f"seeds of the time-to-{target:g} runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rate = {framework: isolated(fn, args.steps) for framework, fn in throughput.items()}
     (ours, mine), (peer, theirs) = rate.items()
     print(f"machine: {machine()}")

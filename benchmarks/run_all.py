@@ -11,7 +11,7 @@ HERE = Path(__file__).parent
 SCRIPTS = ["bench_sampling.py", "bench_startup.py", "bench_cartpole_vs_sb3.py", "bench_offpolicy_vs_sb3.py",
            "bench_denormals.py", "bench_async.py", "bench_remote.py", "bench_grpc_floor.py", "bench_atari.py",
            "bench_recurrent.py", "bench_frame_stack.py", "bench_masking.py", "bench_export.py", "bench_her.py",
-           "bench_ou_noise.py", "bench_gsde.py",
+           "bench_ou_noise.py", "bench_gsde.py", "bench_gsde.py --algo ppo",
            "bench_replay_memory.py", "bench_pixels_sac.py", "bench_mujoco.py", "bench_device.py",
            "bench_lunar_sac.py"]  # the last takes longest: 15-30 minutes for its one seed
 
@@ -19,6 +19,7 @@ if __name__ == "__main__":
     failed = []
     for script in SCRIPTS:
         print(f"\n=== {script} ===", flush=True)
-        if subprocess.run([sys.executable, str(HERE / script)], cwd=HERE).returncode != 0:
+        name, *args = script.split()  # a script, then its arguments
+        if subprocess.run([sys.executable, str(HERE / name), *args], cwd=HERE).returncode != 0:
             failed.append(script)
     sys.exit(f"failed: {', '.join(failed)}" if failed else 0)

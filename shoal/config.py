@@ -178,6 +178,15 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def check_sde(config: Any) -> None:
+    """The checks of a config's gSDE settings (``use_sde``, ``sde_sample_freq``)."""
+    _check(config.sde_sample_freq == -1 or config.sde_sample_freq >= 1, "sde_sample_freq must be -1 (once per "
+           "rollout) or at least 1")
+    _check(not config.use_sde or config.inference == "local", "--use-sde holds a noise matrix per env in each "
+           "runner's policy: it cannot be combined with --inference central, whose servers act for every "
+           "runner's envs")
+
+
 def field_names(cls: type) -> list[str]:
     """The config fields of a config class, in declaration order."""
     return [f.name for f in dataclasses.fields(cls)]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from shoal.config import Config, _check
+from shoal.config import Config, _check, check_sde
 from shoal.learner import Learner, clip_grad_norm
 from shoal.policy import ActorCritic, RunningNorm
 from shoal.returns import gae, next_values, vtrace
@@ -53,7 +53,16 @@ class OnPolicyConfig(Config):
     +-10 (stable-baselines3's VecNormalize norm_reward; kept in checkpoints). The returns shoal
     reports stay the env's own."""
     log_std_init: float = 0.0
-    """Initial log standard deviation of continuous actions."""
+    """Initial log standard deviation of continuous actions (with use_sde, of the noise matrix's entries)."""
+    use_sde: bool = False
+    """Generalized State-Dependent Exploration (gSDE, Raffin et al. 2021; SB3's use_sde), continuous
+    actions: the exploration noise is the actor's last hidden features times a random matrix each
+    env holds for a rollout (or sde_sample_freq steps), so consecutive actions explore smoothly."""
+    sde_sample_freq: int = -1
+    """With use_sde: steps between fresh noise matrices in the runners (-1: one per rollout)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation of the layers (hidden gain sqrt(2), actor 0.01, critic 1), as PPO's
+    baselines; off: torch's default (SB3's ortho_init=False, which rl-zoo's gSDE settings use)."""
     lstm_size: int = 0
     """Units of an LSTM between the encoder and the actor and critic MLPs, which then remember
     across an episode's steps (0: a feed-forward policy). ppo, a2c, impala and appo; each env's
@@ -67,6 +76,7 @@ class OnPolicyConfig(Config):
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
         _check(self.max_grad_norm > 0, "max_grad_norm must be positive")
+        check_sde(self)
 
     @property
     def batch_size(self) -> int:
@@ -83,7 +93,8 @@ def make_actor_critic(config: OnPolicyConfig, obs_space, action_space, images: b
     """The actor-critic network every on-policy algorithm trains; ``images=False`` for an
     algorithm that takes vector observations only."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
-                       config.normalize_obs, config.log_std_init, images=images, lstm_size=config.lstm_size)
+                       config.normalize_obs, config.log_std_init, images=images, lstm_size=config.lstm_size,
+                       sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init)
 
 
 def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,

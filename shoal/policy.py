@@ -159,6 +159,52 @@ def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Se
     return nn.Sequential(*layers)
 
 
+class StateDependentNoise(nn.Module):
+    """gSDE's exploration noise (generalized State-Dependent Exploration, Raffin et al. 2021, as
+    stable-baselines3's ``use_sde`` with ``full_std``): for the actor's last hidden features h(s)
+    [N, F], eps = h(s) theta, theta [F, A] drawn elementwise from N(0, sigma^2) with sigma =
+    exp(log_std) learned; so, given the features, eps ~ N(0, sqrt(h^2 sigma^2)) per action.
+
+    A runner's copy holds one theta per env for a rollout, or for ``sample_freq``
+    steps, so an env's consecutive actions explore together instead of as white noise; a
+    learner or a deployed policy draws one theta per call. ``learn_features``:
+    whether the noise's gradient reaches the features (SB3: on for SAC, off for PPO and A2C).
+    """
+
+    def __init__(self, features: int, actions: int, log_std_init: float, sample_freq: int, learn_features: bool):
+        super().__init__()
+        self.log_std = nn.Parameter(torch.full((features, actions), float(log_std_init)))
+        self.sample_freq, self.learn_features = sample_freq, learn_features
+        self.matrices: Tensor | None = None  # [envs, F, A]: a runner's, held
+        self.steps = 0  # steps acted with them
+
+    def std(self, h: Tensor) -> Tensor:
+        """The noise's standard deviation [N, A] for features ``h`` [N, F]."""
+        return self._std(h if self.learn_features else h.detach(), self.log_std.exp())
+
+    @staticmethod
+    def _std(f: Tensor, sigma: Tensor) -> Tensor:
+        return (f.pow(2) @ sigma.pow(2) + 1e-6).sqrt()
+
+    def noise(self, h: Tensor, generator: torch.Generator | None, held: bool = False) -> tuple[Tensor, Tensor]:
+        """Noise [N, A] for features ``h`` [N, F], and its standard deviation [N, A]: with one
+        theta drawn for the batch, or (``held``) each row with its env's, drawn at a rollout's
+        first step (:meth:`start_rollout`), every ``sample_freq`` steps, and when the number of
+        envs changes."""
+        f, sigma = (h if self.learn_features else h.detach()), self.log_std.exp()
+        if not held:
+            return f @ (sigma * torch.randn(sigma.shape, generator=generator, device=sigma.device)), self._std(f, sigma)
+        n, freq = len(f), self.sample_freq
+        if self.matrices is None or len(self.matrices) != n or (freq > 0 and self.steps > 0 and self.steps % freq == 0):
+            self.matrices = sigma.detach() * torch.randn((n, *sigma.shape), generator=generator, device=sigma.device)
+        self.steps += 1
+        return torch.bmm(f[:, None, :], self.matrices).squeeze(1), self._std(f, sigma)
+
+    def start_rollout(self) -> None:
+        """A runner's rollout begins: the envs' next step draws new matrices."""
+        self.matrices, self.steps = None, 0
+
+
 class UnsupportedActions(ShoalError):
     """An action space that this kind of policy network cannot act in, though another can; the
     driver names the algorithm (:class:`shoal.algorithm.Algorithm`)."""
@@ -341,6 +387,12 @@ class ActorCritic(PolicyModule):
     it holds (``memory``: hidden and cell states [N, 2 * lstm_size], the actor's then the
     critic's; not saved with the weights); learners replay whole sequences with :meth:`unroll`
     from the memory the runner started them with.
+
+    With ``sde`` (sample_freq) a Gaussian policy explores with gSDE (:class:`StateDependentNoise`
+    on the actor's last hidden features, which its gradient does not train, as SB3's PPO and A2C):
+    a = mu(s) + h(s) theta, so a ~ N(mu, sqrt(h^2 sigma^2)) given s; ``log_std_init`` is then
+    sigma's. ``ortho_init=False`` keeps torch's default initialisation of every layer instead of
+    the orthogonal one (SB3's ``ortho_init``; rl-zoo's gSDE settings turn it off).
     """
 
     multi_discrete = True
@@ -349,10 +401,13 @@ class ActorCritic(PolicyModule):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
                  normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False,
-                 lstm_size: int = 0):
+                 lstm_size: int = 0, sde: int | None = None, ortho_init: bool = True):
         super().__init__(obs_space, action_space, normalize_obs, images)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        if not self.discrete and self.nvec is None:
+        gaussian = not self.discrete and self.nvec is None
+        if sde is not None and not gaussian:
+            raise UnsupportedActions(action_space, "--use-sde explores continuous actions: it takes Box actions")
+        if gaussian and sde is None:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         hidden = () if self.image else hidden_sizes
         self.lstm_size = lstm_size
@@ -362,6 +417,12 @@ class ActorCritic(PolicyModule):
         head_in = lstm_size or self.feature_dim
         self.actor = mlp([head_in, *hidden, self.action_dim], act, out_gain=0.01)
         self.critic = mlp([head_in, *hidden, 1], act, out_gain=1.0)
+        self.sde = (StateDependentNoise(self.actor[-1].in_features, self.action_dim, log_std_init, sde,
+                                        learn_features=False) if sde is not None else None)
+        if not ortho_init:
+            for layer in self.modules():
+                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                    layer.reset_parameters()
         if self.nvec is not None:
             # The actor's flat outputs [N, sum(nvec)] are laid out as [N, k, max(nvec)], the slots
             # past an element's own count filled with the smallest float (probability 0), so every
@@ -379,6 +440,10 @@ class ActorCritic(PolicyModule):
         if self.lstm is not None:
             zeros = torch.zeros(n, 2 * self.lstm_size, device=self.lstm[0].weight_hh_l0.device)
             self.memory = (zeros, zeros.clone())
+
+    def start_rollout(self) -> None:
+        if self.sde is not None:
+            self.sde.start_rollout()
 
     def forget(self, done: np.ndarray) -> None:
         if self.memory is not None and done.any():
@@ -435,8 +500,22 @@ class ActorCritic(PolicyModule):
         heads' inputs ``h`` [N, ...] (:meth:`features`, or :meth:`unroll`'s hidden states) and
         the legal actions (:meth:`legal` of the inputs; None: all)."""
         a, v = self._split(h)
-        logp, entropy = self._logp_entropy(self._logits(self.actor(a), legal), actions)
+        out, latent = self._actor(a)
+        logp, entropy = self._logp_entropy(self._logits(out, legal), actions, latent)
         return logp, entropy, self.critic(v).squeeze(-1)
+
+    def _actor(self, a: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The actor's outputs [N, action_dim] for its inputs ``a``, and with gSDE its last hidden
+        features [N, F] (else None)."""
+        if self.sde is None:
+            return self.actor(a), None
+        latent = self.actor[:-1](a)
+        return self.actor[-1](latent), latent
+
+    def _log_std(self, out: Tensor, latent: Tensor | None) -> Tensor:
+        """A Gaussian's log standard deviations [N, A] for the means ``out``: the learned ones, or
+        with gSDE the noise's for the features ``latent``."""
+        return self.log_std.expand_as(out) if self.sde is None else self.sde.std(latent).log()
 
     def _logits(self, out: Tensor, legal: Tensor | None) -> Tensor:
         """The actor's outputs [N, action_dim] as logits: of a Discrete space as they are, of a
@@ -452,17 +531,19 @@ class ActorCritic(PolicyModule):
 
     def dist(self, x: Tensor) -> Distribution:
         """Action distribution for network inputs ``x`` [N, *input_shape]."""
-        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
+        out, latent = self._actor(self._split(self.features(x))[0])
+        out = self._logits(out, self.legal(x))
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
         if self.nvec is not None:
             return Independent(Categorical(logits=out, validate_args=False), 1, validate_args=False)
-        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+        return Normal(out, self._log_std(out, latent).exp(), validate_args=False)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
-        without building a Distribution object."""
-        out = self._logits(self.actor(self._split(self.features(x))[0]), self.legal(x))
+        without building a Distribution object; with gSDE the noise each env holds."""
+        out, latent = self._actor(self._split(self.features(x))[0])
+        out = self._logits(out, self.legal(x))
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp(), 1, generator=generator)
@@ -471,10 +552,14 @@ class ActorCritic(PolicyModule):
             logp_all = torch.log_softmax(out, dim=-1)
             actions = torch.multinomial(logp_all.exp().flatten(0, 1), 1, generator=generator).view(len(out), -1)
             return actions, logp_all.gather(-1, actions[..., None]).squeeze(-1).sum(-1)
-        std = self.log_std.exp()
-        noise = torch.randn(out.shape, generator=generator, device=out.device)
-        logp = -0.5 * noise.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)
-        return out + std * noise, logp.sum(-1)
+        if self.sde is None:
+            log_std, noise = self.log_std, torch.randn(out.shape, generator=generator, device=out.device)
+            eps = log_std.exp() * noise
+        else:
+            eps, std = self.sde.noise(latent, generator, held=True)
+            log_std, noise = std.log(), eps / std
+        logp = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+        return out + eps, logp.sum(-1)
 
     def evaluate(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``, and the state value [N]: the
@@ -483,12 +568,13 @@ class ActorCritic(PolicyModule):
 
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``."""
-        return self._logp_entropy(self._logits(self.actor(self.encoder(x)), self.legal(x)), actions)
+        out, latent = self._actor(self.encoder(x))
+        return self._logp_entropy(self._logits(out, self.legal(x)), actions, latent)
 
-    def _logp_entropy(self, out: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        """Log-probability and entropy [N] of ``actions`` under :meth:`_logits`' ``out``. The
-        learner's hot path, written with plain tensor ops (log_softmax and gather), ~10% faster
-        per step than Categorical."""
+    def _logp_entropy(self, out: Tensor, actions: Tensor, latent: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Log-probability and entropy [N] of ``actions`` under :meth:`_logits`' ``out`` (and
+        gSDE's features ``latent``). The learner's hot path, written with plain tensor ops
+        (log_softmax and gather), ~10% faster per step than Categorical."""
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             return logp_all.gather(-1, actions.long()[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
@@ -496,7 +582,7 @@ class ActorCritic(PolicyModule):
             logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, actions.long()[..., None]).squeeze(-1).sum(-1)
             return logp, -(logp_all.exp() * logp_all).sum((-2, -1))
-        log_std = self.log_std.expand_as(out)
+        log_std = self._log_std(out, latent)
         logp = -0.5 * ((actions - out) / log_std.exp()).pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         return logp.sum(-1), (log_std + 0.5 * (1 + math.log(2 * math.pi))).sum(-1)
 
@@ -508,7 +594,7 @@ class ActorCritic(PolicyModule):
         """The most likely action, or a sample (with an explicit generator, so runs are
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
-        return self._choose(self.actor(self._split(self.features(x))[0]), self.legal(x), deterministic, generator)
+        return self._choose(*self._actor(self._split(self.features(x))[0]), self.legal(x), deterministic, generator)
 
     def act_with_memory(self, x: Tensor, memory: tuple[Tensor, Tensor], deterministic: bool = True,
                         generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -516,11 +602,12 @@ class ActorCritic(PolicyModule):
         step of the episodes whose LSTM state is ``memory`` (h, c) [N, 2 * lstm_size] (zeros when
         they start); the actions and the new h and c (an exported policy, the policy server)."""
         h, c = self._lstm_step(self.encoder(x), memory)
-        return self._choose(self.actor(self._split(h)[0]), self.legal(x), deterministic, generator), h, c
+        return self._choose(*self._actor(self._split(h)[0]), self.legal(x), deterministic, generator), h, c
 
-    def _choose(self, out: Tensor, legal: Tensor | None, deterministic: bool,
+    def _choose(self, out: Tensor, latent: Tensor | None, legal: Tensor | None, deterministic: bool,
                 generator: torch.Generator | None) -> Tensor:
-        """Actions from the actor's outputs ``out`` and the legal actions: the most likely or a sample."""
+        """Actions from the actor's outputs ``out`` (and gSDE's features ``latent``) and the legal
+        actions: the most likely or a sample (with gSDE, of one noise matrix for the batch)."""
         out = self._logits(out, legal)
         if self.nvec is not None:
             logits = out
@@ -532,6 +619,8 @@ class ActorCritic(PolicyModule):
             return out.argmax(-1) if self.discrete else out
         if self.discrete:
             return torch.multinomial(torch.softmax(out, dim=-1), 1, generator=generator).squeeze(-1)
+        if self.sde is not None:
+            return out + self.sde.noise(latent, generator)[0]
         return out + self.log_std.exp() * torch.randn(out.shape, generator=generator, device=out.device)
 
 

@@ -37,12 +37,14 @@ def test_same_seed_same_parameters_and_other_seed_differs(tiny):
     assert not np.array_equal(a["weights"]["actor.0.weight"], c["weights"]["actor.0.weight"])
 
 
-@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1", "CartPoleNoVel-v1"])
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1", "CartPoleNoVel-v1", "MountainCarContinuous-v0"])
 def test_save_load_continues_exactly(tiny, tmp_path, env):
     # normalize_rewards: the runners' discounted returns, mid-episode, and the learner's statistics;
-    # an LSTM: each runner's memory, mid-episode
+    # an LSTM: each runner's memory, mid-episode; gSDE: the runners' noise matrices, drawn from their
+    # saved generators at each rollout's start and every sde_sample_freq steps
     config = tiny(env=env, normalize_obs=True, lr_schedule="linear", normalize_rewards=env == "Pendulum-v1",
-                  lstm_size=8 if env == "CartPoleNoVel-v1" else 0)
+                  lstm_size=8 if env == "CartPoleNoVel-v1" else 0, use_sde=env == "MountainCarContinuous-v0",
+                  sde_sample_freq=5)
     uninterrupted = train_iterations(config, 6)
     with shoal.make(config) as algo:
         for _ in range(3):

@@ -32,6 +32,8 @@ CASES = {
                                        normalize_rewards=True)),
     "ppo-continuous": ("ppo", "Pendulum-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2)),
     "ppo-lstm": ("ppo", "CartPoleNoVel-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, lstm_size=8)),
+    "ppo-sde": ("ppo", "Pendulum-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, use_sde=True,
+                                           sde_sample_freq=4, ortho_init=False)),
     "a2c": ("a2c", "CartPole-v1", dict(ON_POLICY, rollout_steps=8)),
     "trpo": ("trpo", "Pendulum-v1", dict(ON_POLICY, vf_minibatch_size=32)),
     "impala": ("impala", "CartPole-v1", ON_POLICY),
@@ -176,7 +178,7 @@ def test_a_learners_updates_read_nothing_back_from_the_device(fakegpu, algo, env
     assert reads[2] == reads[6] > 0, reads
 
 
-@pytest.mark.parametrize("case", ["ppo", "ppo-continuous", "ppo-lstm", "dqn", "sac", "sac-images"])
+@pytest.mark.parametrize("case", ["ppo", "ppo-continuous", "ppo-sde", "ppo-lstm", "dqn", "sac", "sac-images"])
 def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(fakegpu, tmp_path, case):
     from shoal.remote.policyserver import PolicyClient, PolicyServer
 

@@ -388,31 +388,16 @@ def test_gsde_log_probabilities_are_the_squashed_gaussian_of_its_features():
     x = torch.randn(64, 3)
     a, logp = actor.sample(x, torch.Generator().manual_seed(3))
     h = actor.trunk(x)
-    std = (h.pow(2) @ actor.sde_log_std.exp().pow(2) + 1e-6).sqrt()
+    std = (h.pow(2) @ actor.sde.log_std.exp().pow(2) + 1e-6).sqrt()
     dist = TransformedDistribution(Normal(actor.mu(h), std), TanhTransform(cache_size=1))
     torch.testing.assert_close(logp, dist.log_prob(a.clamp(-1 + 1e-6, 1 - 1e-6)).sum(-1), atol=2e-3, rtol=1e-4)
-    (grad,) = torch.autograd.grad(logp.sum(), actor.sde_log_std)
+    (grad,) = torch.autograd.grad(logp.sum(), actor.sde.log_std)
     assert grad.abs().sum() > 0
     # the noise trains the features too (SB3's SAC: learn_features=True)
     u, _, _ = actor._gaussian(x, torch.Generator().manual_seed(3))
     grads = torch.autograd.grad((u - actor.mu(actor.trunk(x))).sum(), list(actor.trunk.parameters()))
     assert all(g.abs().sum() > 0 for g in grads)
-    assert actor.sde_log_std.shape == (8, 2) and (actor.mu(h).abs() <= 2).all()  # the mean clipped, as SB3's
-
-
-@pytest.mark.parametrize("freq", [-1, 2])
-def test_gsde_runners_hold_each_envs_noise_for_a_rollout_or_sample_freq_steps(freq):
-    actor, g = sde_actor(freq), torch.Generator().manual_seed(0)
-    x = torch.randn(4, 3).repeat(2, 1)  # 8 envs, the second four seeing the first four's observations
-    actor.start_rollout()
-    steps = [actor.explore(x, g)[0] for _ in range(4)]
-    assert not torch.equal(steps[0][:4], steps[0][4:])  # each env its own matrix
-    assert torch.equal(steps[0], steps[1])  # held: the same observation gets the same action
-    assert torch.equal(steps[1], steps[2]) == (freq == -1)  # drawn again after sample_freq steps
-    actor.start_rollout()
-    assert not torch.equal(actor.explore(x, g)[0], steps[3])  # a rollout draws afresh
-    # the learner's draws: one matrix for a batch, fresh each time
-    assert not torch.equal(actor.sample(x[:4], g)[0], actor.sample(x[:4], g)[0])
+    assert actor.sde.log_std.shape == (8, 2) and (actor.mu(h).abs() <= 2).all()  # the mean clipped, as SB3's
 
 
 def test_gsde_runners_draw_their_noise_afresh_each_rollout():
@@ -422,9 +407,9 @@ def test_gsde_runners_draw_their_noise_afresh_each_rollout():
     runner = EnvRunner(config, 0, WeightStore())
     runner.policy.random_actions.fill_(False)
     runner._rollout(3)
-    first = runner.policy.sde_matrices
+    first = runner.policy.sde.matrices
     runner._rollout(3)
-    assert first.shape == (2, 256, 1) and not torch.equal(first, runner.policy.sde_matrices)
+    assert first.shape == (2, 256, 1) and not torch.equal(first, runner.policy.sde.matrices)
 
 
 def test_gsde_is_refused_where_it_cannot_hold_its_noise():

@@ -176,3 +176,23 @@ def test_each_algorithm_trains_discrete_and_continuous(algo, env, tmp_path):
     assert summary["env_steps"] == 256
     policy = shoal.load_policy(tmp_path / "run")
     assert policy.action_space.contains(policy.act(policy.observation_space.sample()))
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "trpo", "impala", "appo"])
+def test_gsde_is_refused_where_an_actor_critic_cannot_hold_its_noise(algo, capsys, tmp_path):
+    from shoal.cli import main
+    from shoal.config import ConfigError
+
+    config = shoal.make_config(algo, "MountainCarContinuous-v0", use_sde=True, progress=False, tensorboard=False)
+    assert config.use_sde
+    with pytest.raises(ConfigError, match="cannot be combined with --inference central"):
+        shoal.make_config(algo, "Pendulum-v1", use_sde=True, inference="central")
+    with pytest.raises(ConfigError, match="sde_sample_freq must be -1"):
+        shoal.make_config(algo, "Pendulum-v1", use_sde=True, sde_sample_freq=0)
+    with pytest.raises(shoal.ShoalError, match="--use-sde explores continuous actions: it takes Box actions"):
+        shoal.make(shoal.make_config(algo, "CartPole-v1", use_sde=True, progress=False, tensorboard=False))
+    run = tmp_path / "run"
+    assert main(["train", algo, "--env", "CartPole-v1", "--use-sde", "--no-progress", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--use-sde explores continuous actions" in err and len(err.strip().splitlines()) == 1
+    assert not run.exists()

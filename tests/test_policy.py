@@ -174,3 +174,70 @@ def test_a_policy_whose_env_cannot_be_made_where_it_is_deployed_still_acts(tmp_p
     policy = Policy(ActorCritic(box, gym.spaces.Discrete(2)), config=SimpleNamespace(env="shoal_absent_env:Absent-v0"))
     assert policy.act(np.zeros((2, 3), np.int64)).shape == (2,)
     assert policy.env_observation_space is None
+
+
+def sde_policy(freq=-1, kind="actor-critic"):
+    """A policy exploring with gSDE: an on-policy actor-critic, or SAC's actor (past its random steps)."""
+    from shoal.algos.sac import SquashedGaussianActor
+
+    torch.manual_seed(0)
+    obs_space, action_space = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+    if kind == "actor-critic":
+        return ActorCritic(obs_space, action_space, (16, 8), log_std_init=-1.0, sde=freq)
+    actor = SquashedGaussianActor(obs_space, action_space, (16, 8), "relu", sde=(-1.0, freq))
+    actor.random_actions.fill_(False)
+    return actor
+
+
+def test_gsde_actor_critics_are_gaussians_of_their_features_whose_std_does_not_train_them():
+    """a = mu + h theta, theta ~ N(0, sigma^2) per element: a ~ N(mu, sqrt(h^2 sigma^2)) given the
+    actor's last hidden features h; the learners' log-probabilities, entropies and distribution
+    are that Gaussian's, and the runners' draws report their log-probability under it. The std's
+    gradient reaches sigma, not the features (SB3's learn_features=False for PPO and A2C)."""
+    m = sde_policy()
+    assert not hasattr(m, "log_std") and m.sde.log_std.shape == (8, 2)
+    x = torch.randn(64, 3)
+    h = m.actor[:-1](x)
+    ref = Normal(m.actor(x), (h.pow(2) @ m.sde.log_std.exp().pow(2) + 1e-6).sqrt())
+    with torch.no_grad():  # as runners draw them
+        a, logp_explored = m.explore(x, torch.Generator().manual_seed(1))
+    logp, entropy = m.evaluate_actions(x, a)
+    torch.testing.assert_close(logp, ref.log_prob(a).sum(-1))
+    torch.testing.assert_close(logp_explored, logp)
+    torch.testing.assert_close(entropy, ref.entropy().sum(-1))
+    torch.testing.assert_close(m.dist(x).log_prob(a).sum(-1), logp)
+    torch.testing.assert_close(m.act(x, deterministic=True), m.actor(x))
+    (sigma_grad,) = torch.autograd.grad(entropy.sum(), m.sde.log_std)
+    assert sigma_grad.abs().sum() > 0
+    hidden = [p for p in m.actor[:-1].parameters()]
+    assert all(g is None for g in torch.autograd.grad(entropy.sum(), hidden, allow_unused=True))
+    # the actions' log-probability does train the features, through the mean
+    assert all(g.abs().sum() > 0 for g in torch.autograd.grad(logp.sum(), hidden))
+
+
+@pytest.mark.parametrize("freq", [-1, 2])
+@pytest.mark.parametrize("kind", ["actor-critic", "sac"])
+def test_gsde_policies_hold_each_envs_noise_for_a_rollout_or_sample_freq_steps(kind, freq):
+    m, g = sde_policy(freq, kind), torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3).repeat(2, 1)  # 8 envs, the second four seeing the first four's observations
+    m.start_rollout()
+    steps = [m.explore(x, g)[0] for _ in range(3)]
+    assert not torch.equal(steps[0][:4], steps[0][4:])  # each env its own matrix
+    assert torch.equal(steps[0], steps[1])  # held: the same observation gets the same action
+    assert torch.equal(steps[1], steps[2]) == (freq == -1)  # drawn again after sample_freq steps
+    m.start_rollout()
+    assert not torch.equal(m.explore(x, g)[0], steps[2])  # a rollout draws afresh
+    # a learner's or a deployed policy's stochastic actions: one matrix per call, fresh each time
+    assert not torch.equal(m.act(x, False, g), m.act(x, False, g))
+
+
+def test_ortho_init_off_keeps_torchs_default_initialisation():
+    box, actions = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,))
+    ortho, default = ActorCritic(box, actions, (16, 16)), ActorCritic(box, actions, (16, 16), ortho_init=False)
+    w = ortho.actor[-1].weight  # orthogonal rows of gain 0.01, zero biases
+    torch.testing.assert_close(w @ w.T, 1e-4 * torch.eye(2))
+    assert not ortho.critic[0].bias.any()
+    for layer in (default.actor[0], default.actor[-1], default.critic[2]):  # torch's: U(-1/sqrt(fan_in), ..)
+        bound = 1 / layer.in_features ** 0.5
+        assert layer.weight.abs().max() <= bound and layer.bias.abs().max() <= bound and layer.bias.any()
+    assert default.actor[-1].weight.abs().max() > 0.05  # not the 0.01 gain

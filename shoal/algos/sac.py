@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
-from shoal.config import _check
+from shoal.config import _check, check_sde
 from shoal.errors import ShoalError
 from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
                              target_copy)
-from shoal.policy import PolicyModule, mlp
+from shoal.policy import PolicyModule, StateDependentNoise, mlp
 from shoal.replay import Transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -61,22 +61,17 @@ class SACConfig(OffPolicyConfig):
         _check(self.alpha is None or self.alpha >= 0, "alpha must be 0 or more (or None to tune it)")
         _check(self.alpha_init > 0, "alpha_init must be positive")
         _check(0 < self.target_entropy_scale < 1, "target_entropy_scale must be in (0, 1)")
-        _check(self.sde_sample_freq == -1 or self.sde_sample_freq >= 1, "sde_sample_freq must be -1 (once per "
-               "rollout) or at least 1")
-        _check(not self.use_sde or self.inference == "local", "--use-sde holds a noise matrix per env in each "
-               "runner's policy: it cannot be combined with --inference central, whose servers act for every "
-               "runner's envs")
+        check_sde(self)
 
 
 class SquashedGaussianActor(ScaledActions):
     """a = tanh(u), u ~ N(mu(s), sigma(s)): bounded actions with a tractable log-probability.
 
     With ``sde`` (log_std_init, sample_freq), gSDE (Raffin et al. 2021, as SB3's SAC): u = mu(s)
-    + h(s) theta, h the last hidden layer's features (trained through the noise too, as SB3's
-    SAC's learn_features) and theta [features, actions] drawn from N(0, sigma^2) elementwise,
-    sigma = exp(log_std) learned; so u ~ N(mu, sqrt(h^2 sigma^2)). Runners hold one theta per env for a rollout (or
-    ``sample_freq`` steps), so an env's consecutive actions move together; the learner draws one
-    per batch. The mean is clipped to [-2, 2] before the squash, as SB3's clip_mean.
+    + h(s) theta with :class:`StateDependentNoise` on the last hidden layer's features (trained
+    through the noise too, as SB3's SAC's learn_features); so u ~ N(mu, sqrt(h^2 sigma^2)).
+    Runners hold one theta per env for a rollout (or ``sample_freq`` steps); the learner draws
+    one per batch. The mean is clipped to [-2, 2] before the squash, as SB3's clip_mean.
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str,
@@ -84,15 +79,13 @@ class SquashedGaussianActor(ScaledActions):
         super().__init__(obs_space, action_space)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.trunk = nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
-        self.sde = sde
+        self.sde = None
         if sde is None:
             self.mu = nn.Linear(hidden_sizes[-1], self.action_dim)
             self.log_std = nn.Linear(hidden_sizes[-1], self.action_dim)
         else:
             self.mu = nn.Sequential(nn.Linear(hidden_sizes[-1], self.action_dim), nn.Hardtanh(-2.0, 2.0))
-            self.sde_log_std = nn.Parameter(torch.full((hidden_sizes[-1], self.action_dim), float(sde[0])))
-            self.sde_matrices: Tensor | None = None  # [envs, features, actions]: the runner's, held
-            self.sde_steps = 0  # steps acted with them
+            self.sde = StateDependentNoise(hidden_sizes[-1], self.action_dim, *sde, learn_features=True)
 
     def _gaussian(self, x: Tensor, generator: torch.Generator | None,
                   held: bool = False) -> tuple[Tensor, Tensor, Tensor]:
@@ -104,28 +97,12 @@ class SquashedGaussianActor(ScaledActions):
             log_std = self.log_std(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
             noise = torch.randn(mu.shape, generator=generator, device=mu.device)
             return mu + log_std.exp() * noise, noise, log_std
-        features, sigma = h, self.sde_log_std.exp()
-        std = (features.pow(2) @ sigma.pow(2) + 1e-6).sqrt()  # of u given the features [N, act_dim]
-        if held:
-            eps = torch.bmm(features[:, None, :], self._held_matrices(len(x), generator)).squeeze(1)
-        else:
-            eps = features @ (sigma * torch.randn(sigma.shape, generator=generator, device=sigma.device))
+        eps, std = self.sde.noise(h, generator, held)  # std: of u given the features [N, act_dim]
         return mu + eps, eps / std, std.log()
-
-    def _held_matrices(self, n: int, generator: torch.Generator | None) -> Tensor:
-        """The runner's noise matrices for its ``n`` envs: drawn at a rollout's first step, every
-        ``sample_freq`` steps, and when the number of envs changes."""
-        freq = self.sde[1]
-        if (self.sde_matrices is None or len(self.sde_matrices) != n
-                or (freq > 0 and self.sde_steps > 0 and self.sde_steps % freq == 0)):
-            sigma = self.sde_log_std.exp()
-            self.sde_matrices = sigma * torch.randn((n, *sigma.shape), generator=generator)
-        self.sde_steps += 1
-        return self.sde_matrices
 
     def start_rollout(self) -> None:
         if self.sde is not None:
-            self.sde_matrices, self.sde_steps = None, 0
+            self.sde.start_rollout()
 
     def sample(self, x: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """Reparameterised actions [N, act_dim] and their log-probabilities [N] (Appendix C)."""
