@@ -30,14 +30,18 @@ def sac_config(**kw):
                      num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac", "ppo-sde", "sac-sde"])
 def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
     """Switching --backend must change where the algorithm runs, never what it computes (PPO's
-    policy recurrent, so the runners' memories travel with their rollouts too)."""
+    policy recurrent, so the runners' memories travel with their rollouts too; with gSDE, each
+    runner's noise matrices, drawn from its own generator)."""
     results = {}
     for backend in ("local", "ray"):
-        config = (tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11, lstm_size=8) if algo == "ppo"
-                  else sac_config(backend=backend, num_env_runners=2, seed=11))
+        config = {"ppo": lambda: tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11, lstm_size=8),
+                  "sac": lambda: sac_config(backend=backend, num_env_runners=2, seed=11),
+                  "ppo-sde": lambda: tiny(env="Pendulum-v1", backend=backend, num_env_runners=2, seed=11, use_sde=True,
+                                          sde_sample_freq=5),
+                  "sac-sde": lambda: sac_config(backend=backend, num_env_runners=2, seed=11, use_sde=True)}[algo]()
         with shoal.make(config) as algo_:
             for _ in range(4):
                 metrics = algo_.train()
