@@ -66,6 +66,8 @@ class OffPolicyConfig(Config):
     """Transitions per gradient update."""
     lr: float = 3e-4
     """Adam learning rate."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` decays the learning rate to 0 at total_steps (rl-zoo's lin_ schedules)."""
     gamma: float = 0.99
     """Discount factor."""
     n_step: int = 1
@@ -314,6 +316,8 @@ class OffPolicyLearner(Learner):
         """Update while the replay's rate limiter allows (at most ``max_updates`` times)."""
         c = self.config
         beta = c.priority_beta + (1.0 - c.priority_beta) * min(1.0, env_steps / c.total_steps)
+        lr = self.scheduled_lr(*(v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)),
+                               env_steps=env_steps)
         stats: list[dict[str, Tensor]] = []
         while max_updates is None or len(stats) < max_updates:
             got = self.replay.sample(c.batch_size, beta)
@@ -326,7 +330,8 @@ class OffPolicyLearner(Learner):
             self.updates += 1
             stats.append(metrics)
         self.set_exploration(env_steps)
-        out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats))}
+        out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats)),
+               "learner/lr": lr}
         if stats:
             out.update({k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]})
         return out

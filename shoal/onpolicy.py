@@ -185,14 +185,6 @@ class OnPolicyLearner(Learner):
         """Fraction of total_steps still to go (for linear schedules)."""
         return max(0.0, 1.0 - self.env_steps / self.config.total_steps)
 
-    def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> float:
-        """Set and return this update's learning rate."""
-        c = self.config
-        lr = c.lr * (self.remaining() if c.lr_schedule == "linear" else 1.0)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
         critic (0 after termination; the true final observation's value after truncation)."""

@@ -419,3 +419,23 @@ def test_gsde_is_refused_where_it_cannot_hold_its_noise():
         SACConfig(env="Pendulum-v1", use_sde=True, sde_sample_freq=0)
     with pytest.raises(shoal.ShoalError, match="--use-sde explores continuous actions"):
         shoal.make(SACConfig(env="CartPole-v1", use_sde=True, progress=False, tensorboard=False))
+
+
+@pytest.mark.parametrize("algo, env", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")])
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer(algo, env, schedule):
+    """rl-zoo's lin_ learning rates (SB3 sets them at each training phase from the steps taken):
+    at an update phase after N of total_steps env steps, lr x (1 - N / total_steps)."""
+    config = shoal.make_config(algo, env, lr_schedule=schedule, total_steps=400, learning_starts=50,
+                               num_envs_per_runner=2, rollout_steps=25, batch_size=16, hidden_sizes=(16,),
+                               progress=False, tensorboard=False)
+    with shoal.make(config) as algo_:
+        learner = algo_.learner.obj
+        optimizers = [v for v in vars(learner).values() if isinstance(v, torch.optim.Optimizer)]
+        assert len(optimizers) == (2 if algo == "td3" else 1)
+        while algo_.env_steps < 200:
+            metrics = algo_.train()
+        expected = config.lr * (1 - algo_.env_steps / 400 if schedule == "linear" else 1)
+        assert metrics["learner/lr"] == pytest.approx(expected) and metrics["learner/updates"] > 0
+        assert [group["lr"] for o in optimizers for group in o.param_groups] == pytest.approx(
+            [expected] * sum(len(o.param_groups) for o in optimizers))
