@@ -66,13 +66,17 @@ class Learner:
         """``x`` (an array) as a tensor on the learner's device (shared with it on the CPU)."""
         return torch.as_tensor(x, device=self.device)
 
+    def remaining(self, env_steps: int | None = None) -> float:
+        """Fraction of total_steps still to go after ``env_steps`` env steps (default: the steps
+        learned from so far), for linear schedules."""
+        return max(0.0, 1.0 - (self.env_steps if env_steps is None else env_steps) / self.config.total_steps)
+
     def scheduled_lr(self, *optimizers: torch.optim.Optimizer, env_steps: int | None = None) -> float:
         """Set the optimizers' learning rate for an update at ``env_steps`` env steps (default:
         the steps learned from before this update) and return it: ``lr``, or with ``lr_schedule``
         linear decayed to 0 at total_steps (SB3's and rl-zoo's ``lin_`` schedules)."""
         c = self.config
-        done = self.env_steps if env_steps is None else env_steps
-        lr = c.lr * (max(0.0, 1.0 - done / c.total_steps) if c.lr_schedule == "linear" else 1.0)
+        lr = c.lr * (self.remaining(env_steps) if c.lr_schedule == "linear" else 1.0)
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr

@@ -308,6 +308,10 @@ class OffPolicyLearner(Learner):
         """One gradient update; returns metrics and, for prioritised replay, new |TD errors| [N]."""
         raise NotImplementedError
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The learner's optimisers (DQN's and SAC's one, TD3's and DDPG's actor's and critics')."""
+        return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
+
     def set_exploration(self, env_steps: int) -> None:
         """Set the policy's exploration buffers for the coming rollouts."""
         self.policy.random_actions.fill_(env_steps < self.config.learning_starts)
@@ -316,8 +320,7 @@ class OffPolicyLearner(Learner):
         """Update while the replay's rate limiter allows (at most ``max_updates`` times)."""
         c = self.config
         beta = c.priority_beta + (1.0 - c.priority_beta) * min(1.0, env_steps / c.total_steps)
-        lr = self.scheduled_lr(*(v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)),
-                               env_steps=env_steps)
+        lr = self.scheduled_lr(*self.optimizers(), env_steps=env_steps)
         stats: list[dict[str, Tensor]] = []
         while max_updates is None or len(stats) < max_updates:
             got = self.replay.sample(c.batch_size, beta)

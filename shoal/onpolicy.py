@@ -181,20 +181,16 @@ class OnPolicyLearner(Learner):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
-    def remaining(self) -> float:
-        """Fraction of total_steps still to go (for linear schedules)."""
-        return max(0.0, 1.0 - self.env_steps / self.config.total_steps)
-
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
         critic (0 after termination; the true final observation's value after truncation)."""
         m = self.policy
-        cat = lambda name: self.tensor(np.concatenate([getattr(r, name) for r in rollouts], axis=1))
-        obs, actions, logp = cat("obs"), cat("actions"), cat("logp")
-        rewards = self.learner_rewards(rollouts)
         host = lambda name: np.concatenate([getattr(r, name) for r in rollouts], axis=1)  # noqa: E731
-        ends = host("terminated") | host("truncated")  # on the host: recurrent batches lay out sequences by it
-        terminated, truncated = self.tensor(host("terminated")), self.tensor(host("truncated"))
+        obs, actions, logp = self.tensor(host("obs")), self.tensor(host("actions")), self.tensor(host("logp"))
+        rewards = self.learner_rewards(rollouts)
+        terminated, truncated = host("terminated"), host("truncated")
+        ends = terminated | truncated  # on the host: recurrent batches lay out their sequences by it
+        terminated, truncated = self.tensor(terminated), self.tensor(truncated)
         T, B = rewards.shape
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
         final_idx = np.concatenate([r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2)

@@ -431,7 +431,7 @@ def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer
                                progress=False, tensorboard=False)
     with shoal.make(config) as algo_:
         learner = algo_.learner.obj
-        optimizers = [v for v in vars(learner).values() if isinstance(v, torch.optim.Optimizer)]
+        optimizers = learner.optimizers()
         assert len(optimizers) == (2 if algo == "td3" else 1)
         while algo_.env_steps < 200:
             metrics = algo_.train()
