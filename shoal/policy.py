@@ -509,8 +509,11 @@ class ActorCritic(PolicyModule):
         features [N, F] (else None)."""
         if self.sde is None:
             return self.actor(a), None
-        latent = self.actor[:-1](a)
-        return self.actor[-1](latent), latent
+        *hidden, head = self.actor  # (slicing the Sequential would build a new one each step: 11 us)
+        latent = a
+        for layer in hidden:
+            latent = layer(latent)
+        return head(latent), latent
 
     def _log_std(self, out: Tensor, latent: Tensor | None) -> Tensor:
         """A Gaussian's log standard deviations [N, A] for the means ``out``: the learned ones, or
