@@ -54,6 +54,13 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device).manual_seed(seed)
 
 
+def upload(x: Any, device: torch.device) -> torch.Tensor:
+    """``x`` (an array or a CPU tensor) as a tensor on ``device``; on the CPU, sharing its memory.
+    A copy to a GPU is queued without waiting for the work queued before it, as a blocking one
+    would (CUDA stages pageable memory before the call returns, so ``x`` may go at once)."""
+    return torch.as_tensor(x).to(device, non_blocking=True)
+
+
 def to_cpu(tree: Any) -> Any:
     """``tree`` (dicts, lists, tuples) with its tensors copied to the CPU: a learner's state leaves
     it this way, so that a driver or checkpoint reader without the learner's GPU can read it."""

@@ -64,7 +64,7 @@ class Learner:
 
     def tensor(self, x: Any) -> torch.Tensor:
         """``x`` (an array) as a tensor on the learner's device (shared with it on the CPU)."""
-        return torch.as_tensor(x, device=self.device)
+        return devices.upload(x, self.device)
 
     def remaining(self, env_steps: int | None = None) -> float:
         """Fraction of total_steps still to go after ``env_steps`` env steps (default: the steps

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from shoal import devices
 from shoal.config import Config, _check, check_sde
 from shoal.learner import Learner, clip_grad_norm
 from shoal.policy import ActorCritic, RunningNorm
@@ -128,8 +129,8 @@ def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,
 
 def segment_memory(memory: tuple[Tensor, Tensor], first: np.ndarray) -> tuple[Tensor, Tensor]:
     """Each segment's starting memory [S, width]: its env's (``first``), or zeros (-1)."""
-    keep = torch.as_tensor(first >= 0, dtype=memory[0].dtype, device=memory[0].device)[:, None]
-    rows = torch.as_tensor(np.maximum(first, 0), device=memory[0].device)
+    keep = devices.upload(first >= 0, memory[0].device).to(memory[0].dtype)[:, None]
+    rows = devices.upload(np.maximum(first, 0), memory[0].device)
     return memory[0][rows] * keep, memory[1][rows] * keep
 
 

@@ -16,7 +16,9 @@ on a GPU. This module registers a device that makes the same mistakes fail on a 
 - random draws check their generator: :func:`generator` gives one for the device, and a draw
   for a ``fakegpu`` tensor with another generator, or for a CPU one with this one, fails;
 - ``host_reads`` counts the values the host reads from the device (``.item()``, ``float()``,
-  ``.cpu()`` ...): on a GPU each makes the CPU wait for the queued work.
+  ``.cpu()`` ...), and ``blocking_uploads`` the copies to it that do not pass ``non_blocking``
+  (``torch.as_tensor(array, device=)``, ``.to(device)``): on a GPU each makes the CPU wait for
+  the queued work (seen so with CUDA's sync debug mode on an H200, tests/test_cuda.py).
 
 Values are the CPU's, bit for bit, and so are the random streams (the device's generator is a
 CPU generator seeded the same), so a run on ``fakegpu`` must equal the same run on the CPU.
@@ -45,6 +47,7 @@ CROSS_DEVICE = {"aten::_to_copy", "aten::copy_", "aten::index", "aten::index_put
 # Ops that take no 0-dim CPU tensor among device ones (elementwise ones read it as a number)
 NO_CPU_SCALARS = {"aten::cat", "aten::stack"}
 host_reads = 0  # values the host has read from the device: each would make it wait for the GPU
+blocking_uploads = 0  # copies to the device without non_blocking: each would make it wait too
 _generators: list[torch.Generator] = []  # the device's (held: a freed one's id could be another's)
 
 
@@ -92,6 +95,7 @@ class FakeTensor(torch.Tensor):
             raise RuntimeError(f"{name}: Expected all tensors to be on the same device, but found at least two "
                                f"devices, {DEVICE} and cpu!")
         leaving = kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu"
+        leaving |= name == "aten::copy_" and not _on_device(args[0])  # host_tensor.copy_(device_tensor)
         if leaving or name == "aten::_local_scalar_dense":  # .cpu(), .numpy() of it, .item(), float(), bool()
             global host_reads
             host_reads += 1
@@ -162,6 +166,7 @@ class _Checks(TorchFunctionMode):
             func(*args)
             args[0].inner = args[1].inner
             return None
+        _count_blocking_upload(func, args, kwargs)
         g = kwargs.get("generator")
         if g is not None:
             device = kwargs.get("device")
@@ -185,6 +190,32 @@ class _Checks(TorchFunctionMode):
             out = func(*args, **made)
             return out.to(device).requires_grad_(grad) if isinstance(out, torch.Tensor) else out
         return func(*args, **kwargs)
+
+
+def _count_blocking_upload(func, args, kwargs) -> None:
+    """Count a copy of host data to the device that waits for the device's queue, as CUDA's
+    blocking copies do: ``torch.as_tensor``/``torch.tensor`` with ``device=``, or ``Tensor.to``
+    (device given by position or name) without ``non_blocking=True``."""
+    source = args[0] if args else kwargs.get("data")
+    if _on_device(source):
+        return
+    if func in (torch.as_tensor, torch.tensor):
+        device, non_blocking = kwargs.get("device"), False
+    elif func is torch.Tensor.to:
+        rest = [*args[1:], kwargs.get("device")]
+        device = next((d for d in rest if isinstance(d, (str, torch.device))), None)
+        non_blocking = kwargs.get("non_blocking", any(x is True for x in args[1:]))
+    else:
+        return
+    if device is not None and torch.device(device).type == NAME and not non_blocking:
+        global blocking_uploads
+        blocking_uploads += 1
+
+
+def waits() -> int:
+    """How many times so far the host would have waited for the device: values read back and
+    blocking copies to it."""
+    return host_reads + blocking_uploads
 
 
 def generator(device: torch.device | str, seed: int) -> torch.Generator:

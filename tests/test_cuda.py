@@ -1,0 +1,73 @@
+"""--device cuda on a real GPU: what tests/test_device.py's stand-in device cannot show.
+
+Skipped where torch sees no CUDA device (CI has none). Where a GPU is lent, run
+``pytest tests/test_cuda.py`` (tests/conftest.py leaves the stand-in device out there): every learner of test_device.py's cases trains on
+the GPU and its checkpoint resumes on the GPU and on the CPU; and CUDA's own sync debug mode,
+which warns at each operation that makes the host wait for the GPU's queue (a value read back, a
+blocking copy either way), finds as many in an iteration of 6 gradient steps as of 2.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shoal
+from shoal.algos import make_config
+from test_device import CASES, OFF_POLICY, ON_POLICY, QUIET, learner_state
+
+SHOAL = str(Path(shoal.__file__).parent)  # shoal's own files: torch syncs once when first used
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_learner_trains_on_cuda_and_its_checkpoint_resumes_on_either_device(tmp_path, case):
+    algo, env, settings = CASES[case]
+    iterations = 4 if algo in ("ppo", "a2c", "trpo", "impala", "appo") else 100
+    state, where = learner_state(make_config(algo, env, device="cuda", **QUIET, **settings), iterations,
+                                 save_to=tmp_path / "ck")
+    assert where == {"cuda"}
+    assert all(np.isfinite(w).all() for w in state["weights"].values())
+    for resume_on in ("cpu", "cuda"):
+        with shoal.load(tmp_path / "ck", device=resume_on) as resumed:
+            assert resumed.learner.obj.device.type == resume_on
+            resumed.train()
+
+
+def syncs_in_an_iteration(config) -> collections.Counter:
+    """The places (file:line) in shoal of the operations that wait for the GPU in one iteration of
+    training once the updates have begun, each counted as often as it ran."""
+    with shoal.make(config) as algo:
+        while algo.train().get("learner/updates", 1) == 0:  # until replay starts the updates
+            pass
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                algo.train()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    return collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
+                               if "synchroniz" in str(w.message) and w.filename.startswith(SHOAL))
+
+
+@pytest.mark.parametrize("algo, env, more, settings", [
+    ("dqn", "CartPole-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("sac", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("ppo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
+    ("appo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
+])
+def test_a_learners_updates_make_the_host_wait_for_the_gpu_no_more_often(algo, env, more, settings):
+    syncs = {n: syncs_in_an_iteration(make_config(algo, env, device="cuda", **QUIET, **{**settings, more: n}))
+             for n in (2, 6)}
+    print(f"{algo} {env} {more}: " + "; ".join(f"{n}: {sum(s.values())} {dict(s)}" for n, s in syncs.items()))
+    assert sum(syncs[2].values()) == sum(syncs[6].values()), syncs
