@@ -19,7 +19,7 @@ import torch
 
 import shoal
 from shoal.algos import make_config
-from test_device import CASES, OFF_POLICY, ON_POLICY, QUIET, learner_state
+from test_device import CASES, QUIET, WAIT_CASES, learner_state
 
 SHOAL = str(Path(shoal.__file__).parent)  # shoal's own files: torch syncs once when first used
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -57,15 +57,7 @@ def syncs_in_an_iteration(config) -> collections.Counter:
                                if "synchroniz" in str(w.message) and w.filename.startswith(SHOAL))
 
 
-@pytest.mark.parametrize("algo, env, more, settings", [
-    ("dqn", "CartPole-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("sac", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
-    ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
-    ("ppo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
-    ("appo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
-])
+@pytest.mark.parametrize("algo, env, more, settings", WAIT_CASES)
 def test_a_learners_updates_make_the_host_wait_for_the_gpu_no_more_often(algo, env, more, settings):
     syncs = {n: syncs_in_an_iteration(make_config(algo, env, device="cuda", **QUIET, **{**settings, more: n}))
              for n in (2, 6)}

@@ -61,6 +61,17 @@ CASES = {
     "td3-central": ("td3", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
 }
 
+# learners whose iterations must make the host wait for the device no more often with more
+# gradient steps (``more``: the setting that gives them more); tests/test_cuda.py checks them on CUDA
+WAIT_CASES = [
+    ("dqn", "CartPole-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("sac", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
+    ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
+    ("ppo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
+    ("appo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
+]
 
 @pytest.fixture
 def fakegpu(monkeypatch):
@@ -160,15 +171,7 @@ def test_a_ray_learner_and_inference_servers_ask_for_a_gpu_when_the_device_needs
         assert (backend.learner_gpus(), backend.inference_gpus()) == asks
 
 
-@pytest.mark.parametrize("algo, env, more, settings", [
-    ("dqn", "CartPole-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("sac", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("td3", "Pendulum-v1", "updates_per_step", dict(OFF_POLICY)),
-    ("ppo", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
-    ("impala", "CartPole-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16)),
-    ("ppo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
-    ("appo", "CartPoleNoVel-v1", "num_epochs", dict(ON_POLICY, minibatch_size=16, lstm_size=8)),
-])
+@pytest.mark.parametrize("algo, env, more, settings", WAIT_CASES)
 def test_a_learners_updates_make_the_host_wait_for_the_device_no_more_often(fakegpu, algo, env, more, settings):
     """On a GPU every value the host reads (a norm compared, a loss printed), and every blocking
     copy to it (a minibatch's indices), waits for the work queued before it: an iteration's waits
