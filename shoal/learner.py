@@ -32,6 +32,16 @@ def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
     return norm
 
 
+def read_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """``metrics`` with its 0-dim tensors as floats, read back in one copy: on a GPU each read
+    makes the CPU wait for the queued work, and an iteration's metrics were a read apiece."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    if not keys:
+        return metrics
+    values = torch.stack([metrics[k].detach().double() for k in keys]).tolist()
+    return {**metrics, **dict(zip(keys, values))}
+
+
 class UpdateResult(NamedTuple):
     """What one learner update reports back to the driver."""
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
-from shoal.learner import Learner, UpdateResult
+from shoal.learner import Learner, UpdateResult, read_metrics
 from shoal.policy import ConvEncoder, PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
@@ -336,8 +336,8 @@ class OffPolicyLearner(Learner):
         out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats)),
                "learner/lr": lr}
         if stats:
-            out.update({k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]})
-        return out
+            out.update({k: torch.stack([s[k] for s in stats]).mean() for k in stats[0]})
+        return read_metrics(out)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         for r in rollouts:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from shoal import devices
 from shoal.config import Config, _check, check_sde
-from shoal.learner import Learner, clip_grad_norm
+from shoal.learner import Learner, clip_grad_norm, read_metrics
 from shoal.policy import ActorCritic, RunningNorm
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
@@ -357,12 +357,12 @@ class VTraceLearner(OnPolicyLearner):
                 self.optimizer.step()
                 stats.append(torch.stack([pg.detach(), vl.detach(), entropy.detach()]))
         self.merge_obs_stats(rollouts)
-        pg_mean, vl_mean, ent_mean = torch.stack(stats).mean(0).tolist()
+        pg_mean, vl_mean, ent_mean = torch.stack(stats).mean(0)
         rho = (b["logp"] - b["behaviour_logp"]).exp()
-        return {"loss/policy": pg_mean, "loss/value": vl_mean, "loss/entropy": ent_mean, "learner/lr": lr,
-                "learner/importance_ratio_mean": float(rho.mean()),
-                "learner/importance_ratio_clipped": float((rho > c.vtrace_rho_bar).float().mean()),
-                "learner/explained_variance": explained_variance(b["values"], b["vs"])}
+        return read_metrics({"loss/policy": pg_mean, "loss/value": vl_mean, "loss/entropy": ent_mean, "learner/lr": lr,
+                             "learner/importance_ratio_mean": rho.mean(),
+                             "learner/importance_ratio_clipped": (rho > c.vtrace_rho_bar).float().mean(),
+                             "learner/explained_variance": explained_variance(b["values"], b["vs"])})
 
     def vtrace_batch(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """Flattened [N] samples with V-trace value targets ``vs``, advantages ``adv`` and the
@@ -387,7 +387,9 @@ class VTraceLearner(OnPolicyLearner):
                 "vs": flat(vs), "adv": flat(adv), "values": flat(s["values"]), **seq}
 
 
-def explained_variance(values: Tensor, returns: Tensor) -> float:
-    """1 - Var(returns - values) / Var(returns): how much of the returns the critic explains."""
-    var_ret = float(returns.var())
-    return 1.0 - float((returns - values).var()) / var_ret if var_ret > 0 else 0.0
+def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
+    """1 - Var(returns - values) / Var(returns): how much of the returns the critic explains (0
+    where the returns do not vary), as a 0-dim tensor on their device (see ``read_metrics``)."""
+    var_ret = returns.var()
+    explained = 1.0 - (returns - values).var() / var_ret
+    return torch.where(var_ret > 0, explained, torch.zeros_like(explained))

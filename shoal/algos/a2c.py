@@ -14,7 +14,7 @@ import torch
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.learner import clip_grad_norm
+from shoal.learner import clip_grad_norm, read_metrics
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
 from shoal.runner import Rollout
 
@@ -70,9 +70,8 @@ class A2CLearner(OnPolicyLearner):
         grad_norm = clip_grad_norm(m.parameters(), c.max_grad_norm)
         self.optimizer.step()
         self.merge_obs_stats(rollouts)
-        return {"loss/policy": float(pg.detach()), "loss/value": float(vl.detach()), "loss/entropy": float(entropy.detach()),
-                "learner/grad_norm": float(grad_norm), "learner/lr": lr,
-                "learner/explained_variance": explained_variance(b["values"], b["ret"])}
+        return read_metrics({"loss/policy": pg, "loss/value": vl, "loss/entropy": entropy, "learner/grad_norm": grad_norm,
+                             "learner/lr": lr, "learner/explained_variance": explained_variance(b["values"], b["ret"])})
 
 
 register(AlgoSpec("a2c", A2CConfig, A2CLearner, make_actor_critic, "sync",

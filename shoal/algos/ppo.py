@@ -14,7 +14,7 @@ from torch import Tensor
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.learner import clip_grad_norm
+from shoal.learner import clip_grad_norm, read_metrics
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, make_actor_critic
 from shoal.runner import Rollout
 
@@ -100,12 +100,12 @@ class PPOLearner(OnPolicyLearner):
                     stats.append(torch.stack([pg, vl, entropy, kl, ((ratio - 1).abs() > clip).float().mean()]))
             if c.target_kl is not None and float(stats[-1][3]) > c.target_kl:
                 break
-        pg_mean, vl_mean, ent_mean, kl_mean, clipfrac = torch.stack(stats).mean(0).tolist()
+        pg_mean, vl_mean, ent_mean, kl_mean, clipfrac = torch.stack(stats).mean(0)
         self.merge_obs_stats(rollouts)
         explained = explained_variance(batch["values"], batch["ret"])
-        return {"loss/policy": pg_mean, "loss/value": vl_mean, "loss/entropy": ent_mean,
-                "learner/approx_kl": kl_mean, "learner/clip_fraction": clipfrac, "learner/lr": lr,
-                "learner/clip": clip, "learner/explained_variance": explained}
+        return read_metrics({"loss/policy": pg_mean, "loss/value": vl_mean, "loss/entropy": ent_mean,
+                             "learner/approx_kl": kl_mean, "learner/clip_fraction": clipfrac, "learner/lr": lr,
+                             "learner/clip": clip, "learner/explained_variance": explained})
 
 
 register(AlgoSpec("ppo", PPOConfig, PPOLearner, make_actor_critic, "sync",

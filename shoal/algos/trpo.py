@@ -19,7 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
-from shoal.learner import clip_grad_norm
+from shoal.learner import clip_grad_norm, read_metrics
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, feed_forward_only, make_actor_critic
 from shoal.policy import ActorCritic
 from shoal.runner import Rollout
@@ -153,8 +153,8 @@ class TRPOLearner(OnPolicyLearner):
                 self.optimizer.step()
                 losses.append(loss.detach())
         self.merge_obs_stats(rollouts)
-        return {**metrics, "loss/value": float(torch.stack(losses).mean()), "learner/lr": lr,
-                "learner/explained_variance": explained_variance(b["values"], b["ret"])}
+        return read_metrics({**metrics, "loss/value": torch.stack(losses).mean(), "learner/lr": lr,
+                             "learner/explained_variance": explained_variance(b["values"], b["ret"])})
 
 
 def make_trpo_policy(config: TRPOConfig, obs_space, action_space) -> ActorCritic:
