@@ -1,10 +1,11 @@
 """--device cuda on a real GPU: what tests/test_device.py's stand-in device cannot show.
 
 Skipped where torch sees no CUDA device (CI has none). Where a GPU is lent, run
-``pytest tests/test_cuda.py`` (tests/conftest.py leaves the stand-in device out there): every learner of test_device.py's cases trains on
-the GPU and its checkpoint resumes on the GPU and on the CPU; and CUDA's own sync debug mode,
-which warns at each operation that makes the host wait for the GPU's queue (a value read back, a
-blocking copy either way), finds as many in an iteration of 6 gradient steps as of 2.
+``pytest tests/test_cuda.py`` (tests/conftest.py leaves the stand-in device out there): every
+learner of test_device.py's cases trains on the GPU and its checkpoint resumes on the GPU and on
+the CPU; and CUDA's own sync debug mode, which warns at each operation that makes the host wait
+for the GPU's queue (a value read back, a blocking copy either way), finds as many in an
+iteration of 6 gradient steps as of 2.
 """
 
 from __future__ import annotations
