@@ -189,7 +189,8 @@ class OnPolicyLearner(Learner):
         host = lambda name: np.concatenate([getattr(r, name) for r in rollouts], axis=1)  # noqa: E731
         obs, actions, logp = self.tensor(host("obs")), self.tensor(host("actions")), self.tensor(host("logp"))
         rewards = self.learner_rewards(rollouts)
-        terminated, truncated = self.tensor(host("terminated")), self.tensor(host("truncated"))
+        ended = host("terminated"), host("truncated")
+        terminated, truncated = map(self.tensor, ended)
         T, B = rewards.shape
         offsets = np.cumsum([0] + [r.rewards.shape[1] for r in rollouts[:-1]])
         final_idx = np.concatenate([r.final_idx + [0, off] for r, off in zip(rollouts, offsets)]).reshape(-1, 2)
@@ -198,7 +199,7 @@ class OnPolicyLearner(Learner):
         done = terminated | truncated
         seq = {}
         if m.recurrent:
-            ends = host("terminated") | host("truncated")  # on the host: the sequences are laid out by it
+            ends = ended[0] | ended[1]  # on the host: the sequences are laid out by it
             values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, ends, last_obs, final_obs,
                                                                          final_idx)
         else:
