@@ -1,64 +1,119 @@
-"""SAC on MuJoCo's HalfCheetah-v5: shoal's preset vs stable-baselines3's SAC with the same settings.
+"""MuJoCo's HalfCheetah-v5: shoal's SAC (default) or PPO (--algo ppo) preset vs stable-baselines3's, same settings.
 
-Both run rl-zoo's MuJoCo settings, which are SAC's defaults on both sides after 10k random steps:
-256x256 ReLU networks, lr 3e-4, batch 256, a 1M replay, tau 0.005, gamma 0.99, one update per
-env step, the temperature tuned to -|A| from 1.0. Two torch threads each (shoal's off-policy
-default), each run in a fresh process.
+Both run rl-zoo's MuJoCo settings (shoal's presets):
 
-Two figures, as ratios of shoal to stable-baselines3 measured in the same run:
+- SAC: each framework's SAC defaults after 10k random steps: 256x256 ReLU networks, lr 3e-4,
+  batch 256, a 1M replay, tau 0.005, gamma 0.99, one update per env step, the temperature tuned
+  to -|A| from 1.0. Two torch threads each (shoal's off-policy default). An evaluation every
+  5000 steps, within 60k steps.
+- PPO: rl-zoo's tuned HalfCheetah settings: one env, rollouts of 512 steps, 20 epochs of
+  minibatches of 64, lr 2.0633e-5, clip 0.1, gamma 0.98, GAE lambda 0.92, ent_coef 0.000401762,
+  vf_coef 0.58096, max_grad_norm 0.8, 256x256 ReLU networks for the actor and the critic from
+  torch's default initialisation (SB3's ortho_init=False), a log std of -2, observations and
+  rewards normalised (SB3's VecNormalize, its gamma the algorithm's). One torch thread each (its
+  minibatches of 64 run fastest on one). An evaluation every 10,240 steps, within 200k steps.
+
+Each run is in a fresh process. Two figures, as ratios of shoal to stable-baselines3 measured in
+the same run:
 
 1. training throughput: env steps per wall second over ``--steps`` steps of training (sampling
-   and one update per step; no evaluation), after the 10k random steps;
+   and updates; no evaluation), after SAC's 10k random steps or PPO's first iteration;
 2. with ``--seeds``, time to a mean evaluation return of 3000 (10 deterministic episodes of
-   1000 steps every 5000 steps, on a 10-env vector env), within 60k steps. Random actions score
-   ~-280; rl-zoo's SAC reaches ~9500 after 1M steps.
+   1000 steps on a 10-env vector env). Random actions score ~-280; rl-zoo reports ~9,500 for
+   SAC and ~5,800 for PPO after 1M steps.
 
-    .venv/bin/python benchmarks/bench_mujoco.py [--steps 1000] [--seeds 0]
+    .venv/bin/python benchmarks/bench_mujoco.py [--algo sac|ppo] [--steps 1000] [--seeds 0]
 """
 
 from __future__ import annotations
 
+import argparse
+from functools import partial
+
 from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
-ENV, TARGET, EVAL_EVERY, BUDGET, RANDOM_STEPS = "HalfCheetah-v5", 3000.0, 5000, 60_000, 10_000
+ENV, TARGET = "HalfCheetah-v5", 3000.0
+# algorithm: (evaluation interval, step budget, random steps before learning, torch threads, throughput steps)
+RUNS = {"sac": (5000, 60_000, 10_000, 2, 1_000), "ppo": (10_240, 200_000, 0, 1, 20_480)}
 
 
-def shoal_config(seed: int, total_steps: int, **sets):
+def shoal_config(algo: str, seed: int, total_steps: int, **sets):
     import shoal
 
-    return shoal.make_config("sac", ENV, seed=seed, total_steps=total_steps, progress=False, tensorboard=False,
-                             **sets)
+    every, _, random_steps, threads, _ = RUNS[algo]
+    config = shoal.make_config(algo, ENV, seed=seed, total_steps=total_steps, progress=False, tensorboard=False,
+                               torch_threads=threads, **sets)
+    if algo == "sac":
+        assert (config.learning_starts, config.lr, config.hidden_sizes) == (random_steps, 3e-4, (256, 256))
+    else:
+        assert (config.rollout_steps, config.hidden_sizes, config.normalize_rewards) == (512, (256, 256), True)
+    return config
 
 
-def sb3_model(seed: int):
+def sb3_normalized(envs, gamma: float):
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(envs, gamma=gamma)
+
+
+def sb3_eval_normalized(envs):
+    """The evaluation env of a VecNormalize'd model (rl-zoo's): its statistics are the training
+    env's, copied at each evaluation by EvalCallback, and not updated by the evaluation."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(envs, training=False, norm_reward=False)
+
+
+def sb3_model(algo: str, seed: int):
     import torch
-    from stable_baselines3 import SAC
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.env_util import make_vec_env
 
-    torch.set_num_threads(2)
-    return SAC("MlpPolicy", ENV, learning_starts=RANDOM_STEPS, seed=seed, device="cpu")
-
-
-def shoal_throughput(steps: int) -> float:
-    return shoal_steps_per_s(shoal_config(0, RANDOM_STEPS + 10 * steps, eval_interval=0), steps,
-                             warmup=RANDOM_STEPS + 100)
-
-
-def sb3_throughput(steps: int) -> float:
-    return sb3_steps_per_s(sb3_model(0), steps, warmup=RANDOM_STEPS + 100)
+    torch.set_num_threads(RUNS[algo][3])
+    if algo == "sac":
+        return SAC("MlpPolicy", ENV, learning_starts=RUNS[algo][2], seed=seed, device="cpu")
+    return PPO("MlpPolicy", sb3_normalized(make_vec_env(ENV, n_envs=1, seed=seed), 0.98), n_steps=512,
+               batch_size=64, n_epochs=20, learning_rate=2.0633e-5, clip_range=0.1, gamma=0.98, gae_lambda=0.92,
+               ent_coef=0.000401762, vf_coef=0.58096, max_grad_norm=0.8,
+               policy_kwargs={"log_std_init": -2.0, "ortho_init": False, "activation_fn": torch.nn.ReLU,
+                              "net_arch": {"pi": [256, 256], "vf": [256, 256]}}, seed=seed, device="cpu")
 
 
-def shoal_time(seed: int):
-    return shoal_time_to(shoal_config(seed, BUDGET, stop_return=TARGET, eval_interval=EVAL_EVERY), TARGET)
+def warmup(algo: str) -> int:
+    """Env steps before the throughput is timed: SAC's random ones and a hundred learning steps,
+    or PPO's first rollout and update."""
+    return RUNS[algo][2] + 100 if algo == "sac" else 512
 
 
-def sb3_time(seed: int):
-    return sb3_time_to(lambda: sb3_model(seed), ENV, TARGET, seed, EVAL_EVERY, BUDGET)
+def shoal_throughput(algo: str, steps: int) -> float:
+    return shoal_steps_per_s(shoal_config(algo, 0, warmup(algo) + 10 * steps, eval_interval=0), steps,
+                             warmup=warmup(algo))
+
+
+def sb3_throughput(algo: str, steps: int) -> float:
+    return sb3_steps_per_s(sb3_model(algo, 0), steps, warmup=warmup(algo))
+
+
+def shoal_time(algo: str, seed: int):
+    every, budget, *_ = RUNS[algo]
+    return shoal_time_to(shoal_config(algo, seed, budget, stop_return=TARGET, eval_interval=every,
+                                      eval_episodes=10), TARGET)
+
+
+def sb3_time(algo: str, seed: int):
+    every, budget, *_ = RUNS[algo]
+    return sb3_time_to(lambda: sb3_model(algo, seed), ENV, TARGET, seed, every, budget,
+                       **({"wrap": sb3_eval_normalized} if algo == "ppo" else {}))
 
 
 def main() -> None:
-    main_against_peer("mujoco", __doc__.splitlines()[0], 1_000, TARGET,
-                      {"shoal": shoal_throughput, "stable-baselines3": sb3_throughput},
-                      {"shoal": shoal_time, "stable-baselines3": sb3_time})
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--algo", choices=sorted(RUNS), default="sac")
+    args, rest = parser.parse_known_args()
+    a = args.algo
+    main_against_peer("mujoco" if a == "sac" else f"mujoco_{a}", __doc__.splitlines()[0], RUNS[a][4], TARGET,
+                      {"shoal": partial(shoal_throughput, a), "stable-baselines3": partial(sb3_throughput, a)},
+                      {"shoal": partial(shoal_time, a), "stable-baselines3": partial(sb3_time, a)}, rest)
 
 
 if __name__ == "__main__":
