@@ -29,31 +29,40 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from typing import NamedTuple
 
 from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 ENV, TARGET = "HalfCheetah-v5", 3000.0
-# algorithm: (evaluation interval, step budget, random steps before learning, torch threads, throughput steps)
-RUNS = {"sac": (5000, 60_000, 10_000, 2, 1_000), "ppo": (10_240, 200_000, 0, 1, 20_480)}
+
+
+class Run(NamedTuple):
+    eval_every: int
+    budget: int
+    """Env steps of a time-to-target run at most."""
+    threads: int
+    """Torch threads, the same on both sides."""
+    throughput_steps: int
+    """``--steps``' default."""
+    warmup: int
+    """Env steps before the throughput is timed: SAC's 10k random ones and a hundred learning
+    steps, or PPO's first rollout and update."""
+
+
+SAC_RANDOM_STEPS = 10_000
+RUNS = {"sac": Run(5000, 60_000, 2, 1_000, SAC_RANDOM_STEPS + 100), "ppo": Run(10_240, 200_000, 1, 20_480, 512)}
 
 
 def shoal_config(algo: str, seed: int, total_steps: int, **sets):
     import shoal
 
-    every, _, random_steps, threads, _ = RUNS[algo]
     config = shoal.make_config(algo, ENV, seed=seed, total_steps=total_steps, progress=False, tensorboard=False,
-                               torch_threads=threads, **sets)
+                               torch_threads=RUNS[algo].threads, **sets)
     if algo == "sac":
-        assert (config.learning_starts, config.lr, config.hidden_sizes) == (random_steps, 3e-4, (256, 256))
+        assert (config.learning_starts, config.lr, config.hidden_sizes) == (SAC_RANDOM_STEPS, 3e-4, (256, 256))
     else:
         assert (config.rollout_steps, config.hidden_sizes, config.normalize_rewards) == (512, (256, 256), True)
     return config
-
-
-def sb3_normalized(envs, gamma: float):
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    return VecNormalize(envs, gamma=gamma)
 
 
 def sb3_eval_normalized(envs):
@@ -68,41 +77,36 @@ def sb3_model(algo: str, seed: int):
     import torch
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    torch.set_num_threads(RUNS[algo][3])
+    torch.set_num_threads(RUNS[algo].threads)
     if algo == "sac":
-        return SAC("MlpPolicy", ENV, learning_starts=RUNS[algo][2], seed=seed, device="cpu")
-    return PPO("MlpPolicy", sb3_normalized(make_vec_env(ENV, n_envs=1, seed=seed), 0.98), n_steps=512,
+        return SAC("MlpPolicy", ENV, learning_starts=SAC_RANDOM_STEPS, seed=seed, device="cpu")
+    return PPO("MlpPolicy", VecNormalize(make_vec_env(ENV, n_envs=1, seed=seed), gamma=0.98), n_steps=512,
                batch_size=64, n_epochs=20, learning_rate=2.0633e-5, clip_range=0.1, gamma=0.98, gae_lambda=0.92,
                ent_coef=0.000401762, vf_coef=0.58096, max_grad_norm=0.8,
                policy_kwargs={"log_std_init": -2.0, "ortho_init": False, "activation_fn": torch.nn.ReLU,
                               "net_arch": {"pi": [256, 256], "vf": [256, 256]}}, seed=seed, device="cpu")
 
 
-def warmup(algo: str) -> int:
-    """Env steps before the throughput is timed: SAC's random ones and a hundred learning steps,
-    or PPO's first rollout and update."""
-    return RUNS[algo][2] + 100 if algo == "sac" else 512
-
-
 def shoal_throughput(algo: str, steps: int) -> float:
-    return shoal_steps_per_s(shoal_config(algo, 0, warmup(algo) + 10 * steps, eval_interval=0), steps,
-                             warmup=warmup(algo))
+    warmup = RUNS[algo].warmup
+    return shoal_steps_per_s(shoal_config(algo, 0, warmup + 10 * steps, eval_interval=0), steps, warmup=warmup)
 
 
 def sb3_throughput(algo: str, steps: int) -> float:
-    return sb3_steps_per_s(sb3_model(algo, 0), steps, warmup=warmup(algo))
+    return sb3_steps_per_s(sb3_model(algo, 0), steps, warmup=RUNS[algo].warmup)
 
 
 def shoal_time(algo: str, seed: int):
-    every, budget, *_ = RUNS[algo]
-    return shoal_time_to(shoal_config(algo, seed, budget, stop_return=TARGET, eval_interval=every,
+    run = RUNS[algo]
+    return shoal_time_to(shoal_config(algo, seed, run.budget, stop_return=TARGET, eval_interval=run.eval_every,
                                       eval_episodes=10), TARGET)
 
 
 def sb3_time(algo: str, seed: int):
-    every, budget, *_ = RUNS[algo]
-    return sb3_time_to(lambda: sb3_model(algo, seed), ENV, TARGET, seed, every, budget,
+    run = RUNS[algo]
+    return sb3_time_to(lambda: sb3_model(algo, seed), ENV, TARGET, seed, run.eval_every, run.budget,
                        **({"wrap": sb3_eval_normalized} if algo == "ppo" else {}))
 
 
@@ -111,7 +115,8 @@ def main() -> None:
     parser.add_argument("--algo", choices=sorted(RUNS), default="sac")
     args, rest = parser.parse_known_args()
     a = args.algo
-    main_against_peer("mujoco" if a == "sac" else f"mujoco_{a}", __doc__.splitlines()[0], RUNS[a][4], TARGET,
+    main_against_peer("mujoco" if a == "sac" else f"mujoco_{a}", __doc__.splitlines()[0], RUNS[a].throughput_steps,
+                      TARGET,
                       {"shoal": partial(shoal_throughput, a), "stable-baselines3": partial(sb3_throughput, a)},
                       {"shoal": partial(shoal_time, a), "stable-baselines3": partial(sb3_time, a)}, rest)
 
