@@ -645,10 +645,9 @@ def get_weights(module: nn.Module) -> Weights:
     for keys in groups.values():
         flat = torch.cat([state[k].reshape(-1) for k in keys])
         host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=flat.is_cuda)
-        host = host.copy_(flat).numpy()
-        ends = np.cumsum([state[k].numel() for k in keys])
-        for k, end in zip(keys, ends):
-            out[k] = host[end - state[k].numel():end].reshape(state[k].shape)
+        parts = np.split(host.copy_(flat).numpy(), np.cumsum([state[k].numel() for k in keys])[:-1])
+        for k, part in zip(keys, parts):
+            out[k] = part.reshape(state[k].shape)
     return {k: out[k] for k in state}
 
 
