@@ -103,6 +103,35 @@ def test_trpo_step_respects_the_kl_bound(env):
     assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
 
 
+def test_trpo_bounds_the_kl_of_the_whole_action():
+    """``max_kl`` bounds the KL summed over a Gaussian's action dimensions (the paper's), where
+    sb3-contrib's ``target_kl`` bounds its mean over them."""
+    from torch.distributions import Normal
+
+    from shoal.algos.trpo import mean_kl
+
+    old, new = Normal(torch.zeros(5, 3), torch.ones(5, 3)), Normal(torch.full((5, 3), 0.1), torch.ones(5, 3))
+    assert float(mean_kl(old, new)) == pytest.approx(3 * 0.5 * 0.1**2)
+
+
+@pytest.mark.parametrize("env, target_kl", [("Pendulum-v1", 0.01), ("Acrobot-v1", 0.01),
+                                            ("LunarLanderContinuous-v3", 0.01), ("BipedalWalker-v3", 0.01),
+                                            ("Hopper-v5", 0.01), ("Walker2d-v5", 0.01), ("Ant-v5", 0.01),
+                                            ("Humanoid-v5", 0.01), ("Swimmer-v5", 0.01), ("HalfCheetah-v5", 0.04)])
+def test_trpo_presets_bound_the_kl_as_rl_zoo_tuned_it(env, target_kl):
+    """rl-zoo's TRPO settings were tuned with sb3-contrib's ``target_kl`` (per action dimension),
+    so each preset's ``max_kl`` is that times the env's continuous action dimensions."""
+    import gymnasium as gym
+
+    from shoal.envs import env_spaces
+
+    if env.endswith("-v5"):
+        pytest.importorskip("mujoco")
+    action_space = env_spaces(env)[1]
+    dims = int(np.prod(action_space.shape)) if isinstance(action_space, gym.spaces.Box) else 1
+    assert shoal.make_config("trpo", env).max_kl == pytest.approx(target_kl * dims)
+
+
 def test_rollouts_older_than_max_policy_lag_are_dropped_and_counted():
     from shoal.algos.impala import IMPALAConfig, IMPALALearner
     from shoal.envs import env_spaces
