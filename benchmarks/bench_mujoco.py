@@ -100,16 +100,16 @@ def sb3_model(algo: str, seed: int):
     env = RUNS[algo].env
     if algo == "sac":
         return SAC("MlpPolicy", env, learning_starts=SAC_RANDOM_STEPS, seed=seed, device="cpu")
+    gamma = 0.99 if algo == "trpo" else 0.98
+    envs = VecNormalize(make_vec_env(env, n_envs=RUNS[algo].envs, seed=seed), gamma=gamma)  # rl-zoo's: its gamma
     if algo == "trpo":
         from sb3_contrib import TRPO
 
-        envs = VecNormalize(make_vec_env(env, n_envs=RUNS[algo].envs, seed=seed), gamma=0.99)
-        return TRPO("MlpPolicy", envs, n_steps=1024, batch_size=128, gamma=0.99, gae_lambda=0.95, target_kl=0.01,
+        return TRPO("MlpPolicy", envs, n_steps=1024, batch_size=128, gamma=gamma, gae_lambda=0.95, target_kl=0.01,
                     cg_max_steps=25, cg_damping=0.1, line_search_shrinking_factor=0.8, line_search_max_iter=10,
                     n_critic_updates=20, learning_rate=1e-3, sub_sampling_factor=1, seed=seed, device="cpu")
-    return PPO("MlpPolicy", VecNormalize(make_vec_env(env, n_envs=RUNS[algo].envs, seed=seed), gamma=0.98), n_steps=512,
-               batch_size=64, n_epochs=20, learning_rate=2.0633e-5, clip_range=0.1, gamma=0.98, gae_lambda=0.92,
-               ent_coef=0.000401762, vf_coef=0.58096, max_grad_norm=0.8,
+    return PPO("MlpPolicy", envs, n_steps=512, batch_size=64, n_epochs=20, learning_rate=2.0633e-5, clip_range=0.1,
+               gamma=gamma, gae_lambda=0.92, ent_coef=0.000401762, vf_coef=0.58096, max_grad_norm=0.8,
                policy_kwargs={"log_std_init": -2.0, "ortho_init": False, "activation_fn": torch.nn.ReLU,
                               "net_arch": {"pi": [256, 256], "vf": [256, 256]}}, seed=seed, device="cpu")
 
@@ -131,8 +131,8 @@ def shoal_time(algo: str, seed: int):
 
 def sb3_time(algo: str, seed: int):
     run = RUNS[algo]
-    return sb3_time_to(lambda: sb3_model(algo, seed), run.env, TARGET, seed, run.eval_every // run.envs, run.budget,
-                       **({} if algo == "sac" else {"wrap": sb3_eval_normalized}))
+    return sb3_time_to(lambda: sb3_model(algo, seed), run.env, TARGET, seed, run.eval_every // run.envs,
+                       run.budget, **({} if algo == "sac" else {"wrap": sb3_eval_normalized}))
 
 
 def main() -> None:

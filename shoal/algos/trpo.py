@@ -39,9 +39,9 @@ class TRPOConfig(OnPolicyConfig):
     max_kl: float = 0.01
     """Bound on the KL divergence between the policies before and after a step: its mean over
     states, summed over action dimensions (the paper's, as OpenAI baselines' and Spinning Up's).
-    sb3-contrib's ``target_kl`` bounds the mean over a Gaussian's dimensions too, so its
-    ``target_kl`` is this ``max_kl`` divided by the number of continuous action dimensions (the
-    presets from rl-zoo convert)."""
+    sb3-contrib's ``target_kl`` bounds the mean over a Gaussian's dimensions instead of the sum,
+    so it is this ``max_kl`` divided by the number of continuous action dimensions (the presets
+    from rl-zoo convert)."""
     cg_iters: int = 15
     """Conjugate-gradient iterations."""
     cg_damping: float = 0.1
