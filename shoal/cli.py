@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import tyro
 import tyro._docstrings
+import tyro.constructors
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +38,28 @@ def _cleaned_field_docs(read):
 
 tyro._docstrings.parse_docstring_from_object = _cleaned_field_docs(tyro._docstrings.parse_docstring_from_object)
 
+_NUMBERS = tyro.constructors.ConstructorRegistry()
+
+
+@_NUMBERS.primitive_rule
+def _whole_numbers(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.PrimitiveConstructorSpec | None:
+    """Integer flags take a whole number in exponent form (``--total-steps 1e6``), as ``--set`` and
+    config files do; tyro's own rule calls ``int()``, which refuses it."""
+    if info.type is not int:
+        return None
+
+    def parse(args: list[str]) -> int:
+        from shoal.config import _number
+
+        value = _number(int, args[0])
+        if not isinstance(value, int):
+            raise ValueError(f"{args[0]!r} is not a whole number")
+        return value
+
+    return tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1, metavar="INT", instance_from_str=parse,
+        is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool), str_from_instance=lambda x: [str(x)])
+
 
 def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
     """``tyro.cli``, with a rejected command line as one line (a ShoalError) like every other
@@ -44,7 +67,7 @@ def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            parsed = tyro.cli(cls, args=argv, prog=prog, **kwargs)
+            parsed = tyro.cli(cls, args=argv, prog=prog, registry=_NUMBERS, **kwargs)
     except SystemExit as e:
         if not e.code:
             raise

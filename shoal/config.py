@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import math
 import numbers
 import types
 import typing
@@ -226,6 +227,8 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
     if hint is int and isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
         value = int(value)  # 1e5 and NumPy's integers, as whole numbers
     if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if math.isnan(value):  # every comparison with it is false: no range check would catch it
+            raise ConfigError(f"{key} must be a number, got nan")
         return float(value)
     if hint in (int, float, str, bool) and not isinstance(value, hint):
         article = "an" if hint.__name__[0] in "aeiou" else "a"
@@ -246,7 +249,10 @@ def _coerce_item(kind: type, value: Any) -> Any:
         value = int(value) if isinstance(value, float) and value.is_integer() else value
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(value)
-    return kind(value)
+    value = kind(value)
+    if kind is float and math.isnan(value):
+        raise ValueError(value)
+    return value
 
 
 def _number(hint: type, text: str) -> Any:

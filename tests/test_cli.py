@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from shoal.algos import ALGOS
-from shoal.cli import main
+from shoal.cli import _parse, main
 from shoal.config import build, parse_set, preset, preset_envs
 from shoal.envs import env_spaces
 from shoal.algos.ppo import PPOConfig
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 
 FAST = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "16",
         "--minibatch-size", "32", "--num-epochs", "1", "--eval-episodes", "2"]
@@ -189,6 +189,12 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
         build(PPOConfig, "ppo", sets=parse_set(["total_steps=1e-3"]))
     with pytest.raises(ConfigError, match="lr expects a float, got 'fast'"):
         build(PPOConfig, "ppo", sets=parse_set(["lr=fast"]))
+    # and so do the flags (tyro's int() refuses 1e5)
+    c = _parse(PPOConfig, ["--total-steps", "1e5", "--hidden-sizes", "1e2", "64", "--lr", "5e-4"], "shoal train ppo",
+               default=PPOConfig())
+    assert (c.total_steps, c.hidden_sizes, c.lr) == (100_000, (100, 64), 5e-4) and isinstance(c.total_steps, int)
+    with pytest.raises(ShoalError, match=r"^Error parsing --total-steps: '2.5' is not a whole number"):
+        _parse(PPOConfig, ["--total-steps", "2.5"], "shoal train ppo", default=PPOConfig())
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -208,6 +214,8 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
     (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
     (["train", "ppo", "--set", "lr="], "lr needs a value (give lr=VALUE)"),
+    # NaN passes every range check (each comparison is false): a stop return of NaN never stopped
+    (["train", "ppo", "--stop-return", "nan"], "stop_return must be a number, got nan"),
     (["train", "ppo", "--env", "FrozenLake-v1", "--env-kwargs", "is_slipery=false"],
      "environment 'FrozenLake-v1' could not be made with env_kwargs {'is_slipery': False}: TypeError: "),
     (["train", "ppo", "--env-kwargs", "is_slippery"], "--env-kwargs expects key=value, got 'is_slippery'"),
@@ -241,7 +249,6 @@ def test_a_missing_mujoco_names_the_extra_that_installs_it(monkeypatch):
     import gymnasium as gym
 
     from shoal.envs import make_env
-    from shoal.errors import ShoalError
 
     def no_mujoco(env_id, **kwargs):
         raise gym.error.DependencyNotInstalled('MuJoCo is not installed, run `pip install "gymnasium[mujoco]"`')
@@ -375,7 +382,7 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: invalid literal for int()"),
+    (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: 'many' is not a whole number"),
     (["train", "ppo", "--lrr", "3"], "Unrecognized options: --lrr, 3; did you mean --lr? (see shoal train ppo --help)"),
     (["train", "ppo", "--backend", "slurm"], "invalid choice 'slurm' for argument '--backend'. Expected one of ('local', 'ray')"),
     (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
@@ -421,6 +428,8 @@ def test_config_errors_raise_in_the_python_api_too():
         PPOConfig(normalize_obs="yes")
     with pytest.raises(ConfigError, match=r"^total_steps expects an int, got 2.5$"):
         PPOConfig(total_steps=2.5)
+    with pytest.raises(ConfigError, match=r"^ent_coef must be a number, got nan$"):
+        PPOConfig(ent_coef=float("nan"))
     # an env object, as stable-baselines3 takes one: shoal needs the id its roles make copies from
     with pytest.raises(ConfigError, match="^env takes a Gymnasium env id .* not an object of type TimeLimit: "):
         PPOConfig(env=gym.make("CartPole-v1"))
