@@ -19,7 +19,7 @@ from shoal.algos import get, spec_for
 from shoal.backends import make_backend
 from shoal.config import merge, to_dict
 from shoal.envs import EnvOptions, all_spaces, describe_space, policy_misfit, space_from_description
-from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
+from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
 from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, UnsupportedMasks, set_up_torch, set_weights
@@ -340,6 +340,10 @@ class Algorithm:
     def save(self, path: str | Path) -> Path:
         """Write a complete checkpoint directory at ``path`` (atomically)."""
         learner_state = self.backend.get(self.learner.call("get_state"))
+        ruined = [k for k, v in learner_state["weights"].items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+        if ruined:  # an update whose reported losses were finite can still leave them so
+            raise Diverged(f"training diverged: policy version {learner_state['version']} holds NaN or inf (in "
+                           f"{ruined[0]}), so no checkpoint was written: {Diverged.advice(self.config.lr)}")
         runner_states = self.backend.get([r.call("get_state") for r in self.runners])
         policy = {"format": 1, "algo": self.spec.name, "config": to_dict(self.config),
                   "obs_space": describe_space(self.obs_space), "action_space": describe_space(self.action_space),

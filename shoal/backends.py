@@ -12,7 +12,7 @@ import logging
 import os
 from typing import Any
 
-from shoal.errors import RoleFailed, SharedObjectLost, ShoalError
+from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
 from shoal.weights import WeightStore
 
 
@@ -35,6 +35,8 @@ class LocalHandle:
         """(status, result) of a method returning that pair; if it raises, the status is a Failure."""
         try:
             return getattr(self.obj, method)(*args)
+        except Diverged:
+            raise  # the learner's weights are at fault, not this role: no restart would help
         except Exception as e:
             from shoal.envs import error_line
 
@@ -268,6 +270,8 @@ class RayBackend:
                 failed[i] = str(e).strip().splitlines()[-1].removeprefix("shoal.errors.ShoalError: ")[:600]
         for e in errors:
             _raise_if_shared_object_lost(e)
+            if isinstance(getattr(e, "cause", None), Diverged):  # as on the local backend: no restart helps
+                raise Diverged(str(e.cause)) from None
         return ok, failed
 
     def discard(self, result: Any) -> None:

@@ -20,3 +20,14 @@ class RoleFailed(ShoalError):
 class SharedObjectLost(RoleFailed):
     """An object other roles depend on (the published weights) was lost with the role that owned
     it. Replacing the role that noticed cannot help: the run restarts from its newest checkpoint."""
+
+
+class Diverged(ShoalError):
+    """Training diverged: the learner's losses, the policy's weights, or what it computes from a
+    finite observation hold NaN or inf. Restarting the runner that noticed cannot help (every
+    runner acts with the same weights), so the run fails with this at once."""
+
+    @staticmethod
+    def advice(lr: float) -> str:
+        """What to try."""
+        return f"lower --lr (now {lr:g}), or scale the env's rewards down"

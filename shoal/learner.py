@@ -6,12 +6,14 @@ base class keeps the version, publishes to the WeightStore and summarises episod
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from shoal import devices
+from shoal.errors import Diverged
 from shoal.policy import get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout
 
@@ -40,6 +42,17 @@ def read_metrics(metrics: dict[str, Any]) -> dict[str, float]:
         return metrics
     values = torch.stack([metrics[k].detach().double() for k in keys]).tolist()
     return {**metrics, **dict(zip(keys, values))}
+
+
+def check_losses(metrics: dict[str, Any], version: int, env_steps: int, lr: float) -> None:
+    """Raise, before the weights are published, once a loss the learner reports (the mean of an
+    iteration's updates, read anyway) is NaN or infinite: the weights it stepped are then
+    ruined, and runners acting with them would fail in ways that point at the env instead."""
+    bad = [f"{k} is {float(v)}" for k, v in metrics.items() if k.startswith("loss/") and not math.isfinite(v)]
+    if bad:
+        raise Diverged(f"training diverged: {', '.join(bad)} in the updates that made policy version {version} "
+                       f"(at {env_steps:,} env steps), so its weights hold NaN or inf and were not published: "
+                       f"{Diverged.advice(lr)}")
 
 
 class UpdateResult(NamedTuple):
@@ -119,6 +132,7 @@ class Learner:
         metrics = {}
         if fresh:
             metrics = self.learn(fresh)
+            check_losses(metrics, self.version + 1, self.env_steps + sum(r.env_steps for r in rollouts), self.config.lr)
             self.version += 1
             self.publish()
         metrics.update({"learner/policy_lag_mean": float(np.mean(lags)), "learner/policy_lag_max": float(max(lags)),

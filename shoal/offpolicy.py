@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
-from shoal.learner import Learner, UpdateResult, read_metrics
+from shoal.learner import Learner, UpdateResult, check_losses, read_metrics
 from shoal.policy import ConvEncoder, PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
@@ -106,7 +106,7 @@ class OffPolicyConfig(Config):
         _check(self.batch_size >= 1, "batch_size must be at least 1")
         _check(self.buffer_size >= self.batch_size, "buffer_size must hold at least one batch")
         _check(self.learning_starts >= 0, "learning_starts must be 0 or more")
-        _check(self.lr > 0, "lr must be positive")
+        _check(0 < self.lr < math.inf, "lr must be positive and finite")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(self.n_step >= 1, "n_step must be at least 1")
         _check(0 < self.tau <= 1, "tau must be in (0, 1]")
@@ -351,6 +351,7 @@ class OffPolicyLearner(Learner):
         self.env_steps = env_steps
         exploration = [b.clone() for b in self.policy.buffers()]
         metrics = self._train(env_steps, max_updates)
+        check_losses(metrics, self.version + 1, env_steps, self.config.lr)
         if metrics["learner/updates_this_call"] == 0 and max_updates is not None:
             time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them
         if metrics["learner/updates_this_call"] or not all(map(torch.equal, exploration, self.policy.buffers())):

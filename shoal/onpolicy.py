@@ -8,6 +8,7 @@ through a bounded queue tagged with the policy version that produced them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,7 +74,7 @@ class OnPolicyConfig(Config):
         super().__post_init__()
         _check(self.rollout_steps >= 1, "rollout_steps must be at least 1")
         _check(self.lstm_size >= 0, "lstm_size must be 0 (no LSTM) or a number of units")
-        _check(self.lr > 0, "lr must be positive")
+        _check(0 < self.lr < math.inf, "lr must be positive and finite")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
         _check(self.max_grad_norm > 0, "max_grad_norm must be positive")

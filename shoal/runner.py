@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cloudpickle
 import numpy as np
 import torch
+from torch import Tensor, nn
 
-from shoal.errors import ShoalError
+from shoal.errors import Diverged, ShoalError
 from shoal.policy import Moments, set_up_torch, set_weights
 
 
@@ -147,12 +148,19 @@ class EnvRunner:
                 obs[t], logp[t] = xn_np, logp_np
             else:
                 xn = m.normalize(torch.as_tensor(self.obs))
-                a, logp_t = m.explore(xn, self.generator)
+                try:
+                    a, logp_t = m.explore(xn, self.generator)
+                except Exception as e:  # a NaN in the weights fails sampling (torch.multinomial) here
+                    self._raise_if_diverged(torch.as_tensor(self.obs), error=e)
+                    raise
                 obs[t] = xn.numpy()
                 logp[t] = logp_t.numpy()
             if actions is None:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
+                float_actions = actions.dtype.kind == "f"
             actions[t] = a.numpy()
+            if float_actions and not np.isfinite(actions[t]).all():  # the env would pass the NaN on, or raise
+                self._raise_if_diverged(torch.as_tensor(self.obs), "chose NaN or inf actions")
             self.obs, r, term, trunc, info = env.step(m.to_env(a))
             if not np.isfinite(r).all() or (floats and not np.isfinite(self.obs).all()):
                 self._non_finite(r, self.obs)  # one NaN would reach every weight through the learner
@@ -209,6 +217,38 @@ class EnvRunner:
         env = row if envs is None else envs[row]
         raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what} holding NaN or "
                          "inf, which training would spread to every weight of the network")
+
+    def _raise_if_diverged(self, raw_obs: Tensor, symptom: str | None = None, error: Exception | None = None) -> None:
+        """Raise :class:`Diverged` if the policy, not the env, is at fault: its weights hold NaN or
+        inf, or it computes them (``symptom``, or in a layer's output) from a finite observation.
+        Only called after something failed, so the normal path pays nothing for it."""
+        m = self.policy
+        if not all(t.isfinite().all() for t in m.state_dict().values() if t.is_floating_point()):
+            what = "holds NaN or inf in its weights"
+        elif not raw_obs.isfinite().all():
+            return  # the env's observation: the checks after each step name it
+        else:
+            bad: list[nn.Module] = []
+
+            def look(module: nn.Module, inputs: Any, out: Any) -> None:
+                if isinstance(out, Tensor) and out.is_floating_point() and not out.isfinite().all():
+                    bad.append(module)
+
+            hooks = [module.register_forward_hook(look) for module in m.modules()]
+            try:
+                with torch.no_grad():
+                    m.explore(m.normalize(raw_obs), torch.Generator().manual_seed(0))
+            except Exception:
+                pass
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            if not bad and symptom is None:
+                return
+            what = (f"computes NaN or inf from a finite observation (in a {type(bad[0]).__name__} layer)" if bad
+                    else f"{symptom} from a finite observation")
+        raise Diverged(f"training diverged: runner {self.runner_id} ({self.config.env}) acts with policy version "
+                       f"{self.version}, which {what}: {Diverged.advice(self.config.lr)}") from error
 
     def _check_mask(self, obs: np.ndarray, k: int) -> None:
         """Raise for an env whose action mask allows no action where the policy must choose one."""

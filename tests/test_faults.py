@@ -229,6 +229,64 @@ def test_a_discrete_action_space_that_does_not_start_at_zero_gets_actions_from_i
     assert set(np.unique(actions)) <= {-1, 0, 1} and actions.min() == -1
 
 
+# -- Training that diverges: the learner's fault, named as such, with no runner restarts ---------
+DIVERGES = [
+    # a loss the learner reports is NaN: it stops before publishing the weights
+    ("ppo", "CartPole-v1", 1e38, r"^training diverged: loss/policy is nan, loss/value is nan, loss/entropy is nan in "
+                                 r"the updates that made policy version 1 \(at 256 env steps\), so its weights hold "
+                                 r"NaN or inf and were not published: lower --lr \(now 1e\+38\), or scale"),
+    # one update an iteration: a runner acts with the weights before the next update reports a loss.
+    # A2C's weights turn NaN (its sampling raises); SAC's reach 1e30, finite, and its layers overflow.
+    ("a2c", "CartPole-v1", 1e38, r"^training diverged: runner 0 \(CartPole-v1\) acts with policy version 1, which "
+                                 r"holds NaN or inf in its weights: lower --lr \(now 1e\+38\)"),
+    ("sac", "Pendulum-v1", 1e30, r"^training diverged: runner 0 \(Pendulum-v1\) acts with policy version \d+, which "
+                                 r"computes NaN or inf from a finite observation \(in a Linear layer\)"),
+]
+
+
+@pytest.mark.parametrize("algo, env, lr, message", DIVERGES)
+def test_training_that_diverges_stops_at_once_naming_the_learning_rate_not_the_env(tmp_path, caplog, algo, env, lr,
+                                                                                  message):
+    """Before, NaN weights reached the runners, which failed three times (restarted twice) and
+    ended the run with "fix CartPole-v1": the env was blamed for the learner's divergence."""
+    from shoal.errors import Diverged
+
+    config = shoal.make_config(algo, env, lr=lr, total_steps=3000, progress=False, tensorboard=False)
+    with pytest.raises(Diverged, match=message):
+        shoal.train(config, run_dir=tmp_path / "run")
+    assert not any("restarting it" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_weights_gone_nan_are_never_written_as_a_checkpoint(tmp_path):
+    """A2C's first update turns its weights NaN with finite losses; a checkpoint due right after it
+    refuses them, so a resume would start from the one before, not from ruined weights."""
+    from shoal.errors import Diverged
+
+    config = shoal.make_config("a2c", "CartPole-v1", lr=1e38, total_steps=3000, checkpoint_interval=1,
+                               progress=False, tensorboard=False)
+    with pytest.raises(Diverged, match=r"^training diverged: policy version 1 holds NaN or inf \(in actor\.0\.weight\), "
+                                       r"so no checkpoint was written: lower --lr"):
+        shoal.train(config, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_a_runner_whose_policy_gives_nan_actions_names_the_policy(monkeypatch):
+    """NaN actions from a finite observation, with finite weights and no layer computing NaN (an
+    op outside the layers): the policy is at fault, not the env it would have passed them to."""
+    import torch
+
+    from shoal.errors import Diverged
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    runner = EnvRunner(shoal.make_config("sac", "Pendulum-v1", num_envs_per_runner=2), 0, WeightStore())
+    runner.sample(2)
+    monkeypatch.setattr(runner.policy, "explore", lambda x, g: (torch.full((2, 1), float("nan")), torch.zeros(2)))
+    with pytest.raises(Diverged, match=r"^training diverged: runner 0 \(Pendulum-v1\) acts with policy version -1, "
+                                       r"which chose NaN or inf actions from a finite observation: lower --lr"):
+        runner.sample(2)
+
+
 # -- Ray: runner actors that crash, are killed, or hang -----------------------------------------
 PLAN = {
     "1000": ["exit@150"],  # seed 0: runner 0's first env kills its process at step 150
@@ -360,3 +418,17 @@ def test_the_asynchronous_loop_replaces_a_runner_that_dies(faulty_ray, tmp_path)
     assert summary["best_eval_return"] >= 300, summary
     m = last_metrics(tmp_path)
     assert m["faults/runner_restarts"] == 1 and m["faults/dropped_episodes"] == 8
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_training_that_diverges_on_ray_stops_at_once(faulty_ray, tmp_path, caplog):
+    """A runner actor's Diverged ends the run as on the local backend: no restart, the same line."""
+    from shoal.errors import Diverged
+
+    algo, env, lr, message = DIVERGES[1]
+    config = shoal.make_config(algo, env, lr=lr, total_steps=3000, progress=False, tensorboard=False, backend="ray",
+                               num_env_runners=2)
+    with pytest.raises(Diverged, match=message):
+        shoal.train(config, run_dir=tmp_path / "run")
+    assert not any("restarting it" in r.getMessage() for r in caplog.records), caplog.text
