@@ -36,6 +36,7 @@ class Algorithm:
 
     def __init__(self, config: Any):
         self.started = time.perf_counter()
+        self.stopped = False
         self.config, self.spec = config, spec_for(config)
         set_up_torch(config.torch_threads)  # before this process's first torch op (the policy below)
         self.obs_space, self.action_space, own = all_spaces(config.env, config.env_kwargs, EnvOptions.of(config))
@@ -131,6 +132,7 @@ class Algorithm:
         In Ape-X mode on Ray it is asynchronous instead: runners keep sampling into the replay
         shards, and an iteration ends when the learner finishes a call of updates_per_call updates.
         """
+        self._check_running()
         start = time.perf_counter()
         if self.apex:
             result = self._train_async() if self.backend.name == "ray" else self._train_apex_in_process()
@@ -316,6 +318,7 @@ class Algorithm:
 
     def evaluate(self, episodes: int | None = None, deterministic: bool | None = None) -> dict[str, float]:
         """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""
+        self._check_running()
         c = self.config
         out = self.backend.get(self.evaluator.call(
             "evaluate", episodes or c.eval_episodes,
@@ -332,6 +335,7 @@ class Algorithm:
     # -- deployment -----------------------------------------------------------------------
     def get_policy(self) -> Policy:
         """The current policy, in this process, for ``policy.act(obs)``."""
+        self._check_running()
         module = self.spec.make_policy(self.config, self.obs_space, self.action_space)
         set_weights(module, self.backend.get(self.learner.call("get_weights")))
         return Policy(module, self.policy_version, self.config, self.env_obs_space)
@@ -339,6 +343,7 @@ class Algorithm:
     # -- checkpoints ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write a complete checkpoint directory at ``path`` (atomically)."""
+        self._check_running()
         learner_state = self.backend.get(self.learner.call("get_state"))
         ruined = [k for k, v in learner_state["weights"].items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
         if ruined:  # an update whose reported losses were finite can still leave them so
@@ -432,7 +437,13 @@ class Algorithm:
 
     def stop(self) -> None:
         """Release the roles (and Ray, if this run started it)."""
+        self.stopped = True
         self.backend.shutdown()
+
+    def _check_running(self) -> None:
+        if self.stopped:
+            raise ShoalError("this Algorithm was stopped (its `with` block ended, or stop() was called), and its "
+                             "roles are gone: shoal.load(CHECKPOINT) makes a new one from a checkpoint it saved")
 
     def __enter__(self) -> "Algorithm":
         return self

@@ -107,6 +107,19 @@ def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
             algo.restore(path)
 
 
+@pytest.mark.parametrize("use", ["train", "evaluate", "get_policy", "save"])
+def test_an_algorithm_used_after_stop_says_so(tiny, tmp_path, use):
+    """In-process its objects would still answer, where on Ray its actors are gone: the same code
+    must fail the same way on both, and say what to do instead."""
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        algo.save(tmp_path / "ck")
+    with pytest.raises(ShoalError, match=r"^this Algorithm was stopped .*: shoal.load\(CHECKPOINT\) makes a new one"):
+        getattr(algo, use)(*([tmp_path / "ck2"] if use == "save" else []))
+    with shoal.load(tmp_path / "ck") as again:  # what the message says to do
+        assert again.train()["env_steps"] > algo.env_steps
+
+
 # pytest-xdist workers ignore SIGINT and children inherit that (a user's shell does not), so the
 # child restores Python's handler first. Not with preexec_fn: Python code in the forked child of a
 # worker that has run gRPC servers can abort in grpc's fork handlers before exec (seen: a child
