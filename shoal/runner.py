@@ -157,12 +157,10 @@ class EnvRunner:
                 logp[t] = logp_t.numpy()
             if actions is None:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
-                float_actions = actions.dtype.kind == "f"
             actions[t] = a.numpy()
-            if float_actions and not np.isfinite(actions[t]).all():  # the env would pass the NaN on, or raise
-                self._raise_if_diverged(torch.as_tensor(self.obs), "chose NaN or inf actions")
-            self.obs, r, term, trunc, info = env.step(m.to_env(a))
+            before, (self.obs, r, term, trunc, info) = self.obs, env.step(m.to_env(a))
             if not np.isfinite(r).all() or (floats and not np.isfinite(self.obs).all()):
+                self._check_actions(actions[t], before)  # NaN actions give NaN rewards: the policy's fault
                 self._non_finite(r, self.obs)  # one NaN would reach every weight through the learner
             rewards[t], terminated[t], truncated[t] = np.sign(r) if self.config.clip_rewards else r, term, trunc
             self.ep_return += r
@@ -184,6 +182,7 @@ class EnvRunner:
                     returns.append(float(self.ep_return[b]))
                     lengths.append(int(self.ep_length[b]))
                 if errors is not None:
+                    self._check_actions(actions[t], before)  # an env that raised on NaN actions
                     self._check_env_restarts()
                 self.ep_return[done] = 0.0
                 self.ep_length[done] = 0
@@ -217,6 +216,13 @@ class EnvRunner:
         env = row if envs is None else envs[row]
         raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what} holding NaN or "
                          "inf, which training would spread to every weight of the network")
+
+    def _check_actions(self, actions: np.ndarray, obs: np.ndarray) -> None:
+        """After an env failed or gave NaN: raise :class:`Diverged` if the policy chose NaN or inf
+        actions from finite observations ``obs`` (the env only passed them on). An env that takes
+        NaN actions quietly passes them to replay instead, and the learner's losses name them."""
+        if actions.dtype.kind == "f" and not np.isfinite(actions).all():
+            self._raise_if_diverged(torch.as_tensor(obs), "chose NaN or inf actions")
 
     def _raise_if_diverged(self, raw_obs: Tensor, symptom: str | None = None, error: Exception | None = None) -> None:
         """Raise :class:`Diverged` if the policy, not the env, is at fault: its weights hold NaN or

@@ -141,6 +141,8 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
         self.fault, self.t = fault, 0
         if fault == "start":  # actions -1, 0 and 1, checked
             self.action_space = gym.spaces.Discrete(3, start=-1)
+        if fault == "box":  # continuous actions, checked (a NaN is not in the space)
+            self.action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -165,7 +167,7 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
         return obs, reward, self.t >= 20, False, {}
 
 
-for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward", "start"):
+for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward", "start", "box"):
     gym.register(f"Sim{'-' + fault if fault else ''}-v0", entry_point=Sim, kwargs={"fault": fault})
 """
 
@@ -270,19 +272,22 @@ def test_weights_gone_nan_are_never_written_as_a_checkpoint(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
-def test_a_runner_whose_policy_gives_nan_actions_names_the_policy(monkeypatch):
+@pytest.mark.parametrize("env", ["Pendulum-v1", "shoal_user_envs:Sim-box-v0"])
+def test_a_runner_whose_policy_gives_nan_actions_names_the_policy(tmp_path, monkeypatch, env):
     """NaN actions from a finite observation, with finite weights and no layer computing NaN (an
-    op outside the layers): the policy is at fault, not the env it would have passed them to."""
+    op outside the layers): the policy is at fault, not the env that passed them on as a NaN
+    reward (Pendulum) or raised on them (an env that checks its actions, replaced as failed)."""
     import torch
 
     from shoal.errors import Diverged
     from shoal.runner import EnvRunner
     from shoal.weights import WeightStore
 
-    runner = EnvRunner(shoal.make_config("sac", "Pendulum-v1", num_envs_per_runner=2), 0, WeightStore())
+    user_module(tmp_path, monkeypatch, "shoal_user_envs", USER_ENVS)
+    runner = EnvRunner(shoal.make_config("sac", env, num_envs_per_runner=2), 0, WeightStore())
     runner.sample(2)
     monkeypatch.setattr(runner.policy, "explore", lambda x, g: (torch.full((2, 1), float("nan")), torch.zeros(2)))
-    with pytest.raises(Diverged, match=r"^training diverged: runner 0 \(Pendulum-v1\) acts with policy version -1, "
+    with pytest.raises(Diverged, match=rf"^training diverged: runner 0 \({env}\) acts with policy version -1, "
                                        r"which chose NaN or inf actions from a finite observation: lower --lr"):
         runner.sample(2)
 
