@@ -277,7 +277,10 @@ def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str)
             close = difflib.get_close_matches(key, names, n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{source}: unknown setting {key!r}{hint}")
-        out[key] = _coerce(cls, key, value)
+        try:
+            out[key] = _coerce(cls, key, value)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None  # which file (or flag) holds the bad value
     return out
 
 
@@ -369,7 +372,10 @@ def build(cls: type, algo: str, env: str | list[str] | None = None, file: str | 
     """Layer defaults, preset, file and overrides into a validated config of type ``cls``."""
     values: dict[str, Any] = {}
     from_file = read_yaml(file) if file else {}
-    from_file.pop("algo", None)
+    file_algo = from_file.pop("algo", None)  # a run's config.yaml names its algorithm
+    if file_algo is not None and file_algo != algo:
+        raise ConfigError(f"config file {file} is for {file_algo} (its algo: key), not {algo}: train it with "
+                          f"`shoal train {file_algo} --config {file}`, or delete that key to use its settings here")
     sets = dict(sets or {})
     given = env, sets.pop("env", None), from_file.pop("env", None)  # settled here, not merged below
     env = env_setting(next((e for e in given if e), cls.env))

@@ -177,6 +177,13 @@ def test_layering_preset_file_set_and_flags(tmp_path):
     assert c.num_epochs == 20  # from the CartPole preset
     assert c.lr == 0.01 and c.hidden_sizes == (32, 32)  # from the file
     assert c.gamma == 0.95  # --set beats the file
+    # a run's config.yaml names its algorithm: its own is taken, another's is refused in one line
+    f.write_text("algo: ppo\nlr: 0.02\n")
+    assert build(PPOConfig, "ppo", env="CartPole-v1", file=str(f)).lr == 0.02
+    f.write_text("algo: sac\nlr: 0.02\n")
+    with pytest.raises(ConfigError, match=r"^config file .*c.yaml is for sac \(its algo: key\), not ppo: train "
+                                          r"it with `shoal train sac --config .*c.yaml`, or delete that key"):
+        build(PPOConfig, "ppo", env="CartPole-v1", file=str(f))
 
 
 def test_numbers_in_exponent_form_are_numbers(tmp_path):
