@@ -545,6 +545,8 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     (["serve-env", "CartPole-v1", "--port", "99999"], "port 99999 is not a TCP port"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable"),
     (["train", "ppo", "--env", "remote://nohost"], "bad env server address 'nohost'"),
+    (["train", "ppo", "--env", "remote://127.0.0.1:99999"], "bad env server address '127.0.0.1:99999' in "
+                                                             "'remote://127.0.0.1:99999': expected HOST:PORT (a port in 1-65535)"),
     (["train", "ppo", "--env", "remote://127.0.0.1:1", "--env-kwargs", "is_slippery=false"],
      "env_kwargs apply to envs made in this process; an env server makes its own: give them to `shoal serve-env"),
     (["serve-env", "FrozenLake-v1", "--env-kwargs", "is_slipery=false"], "could not be made with env_kwargs"),

@@ -229,6 +229,8 @@ def test_a_server_that_stays_down_fails_clearly(servers):
         env.step(np.zeros(2, np.int64))
     with pytest.raises(ShoalError, match="unreachable"):
         RemoteVectorEnv(f"remote://{server.address}", timeout_s=1.0)
+    with pytest.raises(ShoalError, match=f"^env server {server.address}: unreachable"):  # a list, as a config's env
+        RemoteVectorEnv([f"remote://{server.address}", "remote://127.0.0.1:1"], timeout_s=1.0)
 
 
 def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(servers):

@@ -43,8 +43,8 @@ def parse_url(url: str) -> tuple[list[str], str]:
     addresses = [a.strip() for a in hosts.split(",") if a.strip()]
     for a in addresses:
         host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ShoalError(f"bad env server address {a!r} in {url!r}: expected HOST:PORT")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ShoalError(f"bad env server address {a!r} in {url!r}: expected HOST:PORT (a port in 1-65535)")
     if not addresses:
         raise ShoalError(f"no env server address in {url!r}")
     return addresses, env_id
@@ -212,11 +212,16 @@ def _fail_clearly(address: str, fn: Any) -> Any:
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
-    """The envs of one or more env servers as one vector env (same-step autoreset)."""
+    """The envs of one or more env servers as one vector env (same-step autoreset): one URL
+    (``remote://H1:P1,H2:P2[/ENV_ID]``), or a list of them, as a config's ``env`` takes them."""
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
-    def __init__(self, url: str, *, timeout_s: float = 10.0, reconnect_s: float = 30.0):
+    def __init__(self, url: str | list[str], *, timeout_s: float = 10.0, reconnect_s: float = 30.0):
+        if not isinstance(url, str):  # several servers' URLs, as a config's env takes them
+            from shoal.config import env_setting
+
+            url = env_setting(url)
         self.url, self.timeout_s, self.reconnect_s = url, timeout_s, reconnect_s
         self.addresses, self.env_id = parse_url(url)
         token = client_token()
