@@ -127,18 +127,18 @@ class Learner:
         lags = [self.version - r.policy_version for r in rollouts]
         max_lag = getattr(self.config, "max_policy_lag", None)
         fresh = [r for r, lag in zip(rollouts, lags) if max_lag is None or lag <= max_lag]
+        steps = sum(r.env_steps for r in rollouts)
         self.dropped_rollouts += len(rollouts) - len(fresh)
-        self.dropped_steps += sum(r.env_steps for r in rollouts) - sum(r.env_steps for r in fresh)
+        self.dropped_steps += steps - sum(r.env_steps for r in fresh)
         metrics = {}
         if fresh:
             metrics = self.learn(fresh)
-            check_losses(metrics, self.version + 1, self.env_steps + sum(r.env_steps for r in rollouts), self.config.lr)
+            check_losses(metrics, self.version + 1, self.env_steps + steps, self.config.lr)
             self.version += 1
             self.publish()
         metrics.update({"learner/policy_lag_mean": float(np.mean(lags)), "learner/policy_lag_max": float(max(lags)),
                         "learner/dropped_rollouts": float(self.dropped_rollouts),
                         "learner/dropped_steps": float(self.dropped_steps)})
-        steps = sum(r.env_steps for r in rollouts)
         self.env_steps += steps
         return UpdateResult(metrics, self.version, steps,
                             [x for r in rollouts for x in r.episode_returns],

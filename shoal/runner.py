@@ -228,33 +228,37 @@ class EnvRunner:
         """Raise :class:`Diverged` if the policy, not the env, is at fault: its weights hold NaN or
         inf, or it computes them (``symptom``, or in a layer's output) from a finite observation.
         Only called after something failed, so the normal path pays nothing for it."""
-        m = self.policy
-        if not all(t.isfinite().all() for t in m.state_dict().values() if t.is_floating_point()):
+        if not all(t.isfinite().all() for t in self.policy.state_dict().values() if t.is_floating_point()):
             what = "holds NaN or inf in its weights"
         elif not raw_obs.isfinite().all():
             return  # the env's observation: the checks after each step name it
+        elif (layer := self._layer_computing_nan(raw_obs)) is not None:
+            what = f"computes NaN or inf from a finite observation (in a {type(layer).__name__} layer)"
+        elif symptom is not None:
+            what = f"{symptom} from a finite observation"
         else:
-            bad: list[nn.Module] = []
-
-            def look(module: nn.Module, inputs: Any, out: Any) -> None:
-                if isinstance(out, Tensor) and out.is_floating_point() and not out.isfinite().all():
-                    bad.append(module)
-
-            hooks = [module.register_forward_hook(look) for module in m.modules()]
-            try:
-                with torch.no_grad():
-                    m.explore(m.normalize(raw_obs), torch.Generator().manual_seed(0))
-            except Exception:
-                pass
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            if not bad and symptom is None:
-                return
-            what = (f"computes NaN or inf from a finite observation (in a {type(bad[0]).__name__} layer)" if bad
-                    else f"{symptom} from a finite observation")
+            return
         raise Diverged(f"training diverged: runner {self.runner_id} ({self.config.env}) acts with policy version "
                        f"{self.version}, which {what}: {Diverged.advice(self.config.lr)}") from error
+
+    def _layer_computing_nan(self, raw_obs: Tensor) -> nn.Module | None:
+        """The first of the policy's layers whose output holds NaN or inf when it acts on ``raw_obs``."""
+        bad: list[nn.Module] = []
+
+        def look(module: nn.Module, inputs: Any, out: Any) -> None:
+            if isinstance(out, Tensor) and out.is_floating_point() and not out.isfinite().all():
+                bad.append(module)
+
+        hooks = [module.register_forward_hook(look) for module in self.policy.modules()]
+        try:
+            with torch.no_grad():
+                self.policy.explore(self.policy.normalize(raw_obs), torch.Generator().manual_seed(0))
+        except Exception:
+            pass  # sampling from NaN fails: the layers before it have spoken
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return bad[0] if bad else None
 
     def _check_mask(self, obs: np.ndarray, k: int) -> None:
         """Raise for an env whose action mask allows no action where the policy must choose one."""
