@@ -121,8 +121,9 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     try:
         with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
-            while algo.env_steps < c.total_steps and not solved and not out_of_time():
-                metrics = algo.train()
+            ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
+            while algo.env_steps < c.total_steps and not solved and not (ran and out_of_time()):
+                metrics, ran = algo.train(), True
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
                     log(metrics)

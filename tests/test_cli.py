@@ -130,6 +130,14 @@ def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys,
     assert code == 0 and "stopped at --stop-time-s" in err, err
     code, _, err = run_cli(capsys, "train", "ppo", "--stop-time-s", "0")
     assert code == 2 and "stop_time_s must be positive" in err
+    # a limit that start-up alone exceeds still trains one iteration (as RLlib's time_total_s),
+    # so the run has its row, a checkpoint and a plot rather than failing at the plot
+    short = tmp_path / "short"
+    code, _, err = run_cli(capsys, "train", "ppo", "--stop-time-s", "0.001", "--run-dir", str(short), *FAST)
+    assert code == 0 and "stopped at --stop-time-s" in err, err
+    with open(short / "progress.csv") as f:
+        assert len(list(csv.DictReader(f))) == 1
+    assert (short / "curve.png").exists() and (short / "checkpoints" / "ckpt_000000001").is_dir()
 
 
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
