@@ -217,7 +217,9 @@ class ScaledActions(PolicyModule):
         if self.discrete:
             raise ShoalError("this algorithm needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-            raise ShoalError(f"action space {action_space} has infinite bounds: the actor cannot scale to it")
+            raise ShoalError(f"action space {action_space} has infinite bounds: this algorithm's actor scales its "
+                             "actions to the bounds, so give the env's action space the range it really takes "
+                             "(or train ppo, a2c or trpo, whose Gaussian actions are not scaled)")
         self.register_buffer("low", torch.tensor(action_space.low.reshape(-1), dtype=torch.float32))
         self.register_buffer("high", torch.tensor(action_space.high.reshape(-1), dtype=torch.float32))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts

@@ -246,7 +246,9 @@ class PolicyModule(nn.Module):
                  images: bool = False):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box):
-            raise ShoalError(f"observation space {obs_space} is not supported: shoal's policies need a Box")
+            raise ShoalError(f"observation space {obs_space} is not supported: shoal trains on Box observations, "
+                             "and on Discrete, MultiDiscrete, MultiBinary ones and Tuples or Dicts of those, "
+                             "which it flattens into a Box")
         multi = isinstance(action_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary))
         if multi and not self.multi_discrete:
             raise UnsupportedActions(action_space, "MultiDiscrete and MultiBinary actions train with ppo, a2c, "

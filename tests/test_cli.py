@@ -6,6 +6,7 @@ import sys
 import time
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import yaml
 
@@ -108,6 +109,37 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
     assert code == 0 and float(out.split("return ")[1].split()[0]) < 0.5
     code, _, err = run_cli(capsys, "eval", str(run), "--env-kwargs", "map_name=8x8")
     assert code == 2 and "does not fit FrozenLake-v1: the env gives observations Box(0.0, 1.0, (64,), float32)" in err
+
+
+def test_spaces_shoal_cannot_train_on_are_refused_in_one_line_before_a_run_directory(capsys, tmp_path):
+    class Spaces(gym.Env):
+        def __init__(self, observation_space, action_space):
+            self.observation_space, self.action_space = observation_space, action_space
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), 0.0, False, True, {}
+
+    box = gym.spaces.Box(-1, 1, (3,), np.float32)
+    gym.register("TextObs-v0", entry_point=Spaces, kwargs={"observation_space": gym.spaces.Text(5),
+                                                           "action_space": gym.spaces.Discrete(2)})
+    gym.register("Unbounded-v0", entry_point=Spaces, kwargs={
+        "observation_space": box, "action_space": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)})
+    for algo, env, message in (
+            ("ppo", "TextObs-v0", "is not supported: shoal trains on Box observations, and on Discrete, "
+                                  "MultiDiscrete, MultiBinary ones and Tuples or Dicts of those"),
+            ("sac", "Unbounded-v0", "has infinite bounds: this algorithm's actor scales its actions to the bounds"),
+            ("td3", "Unbounded-v0", "or train ppo, a2c or trpo")):
+        run = tmp_path / f"{algo}-{env}"
+        code, _, err = run_cli(capsys, "train", algo, "--env", env, "--run-dir", str(run), "--no-progress")
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not run.exists()
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "Unbounded-v0", "--total-steps", "64",
+                           "--run-dir", str(tmp_path / "ppo"), *FAST)
+    assert code == 0, err  # Gaussian actions need no bounds
 
 
 def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):
