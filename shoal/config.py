@@ -106,7 +106,7 @@ class Config:
     GPU. Small MLPs are expected to gain little from a GPU; image observations and large
     networks are what it is for."""
     progress: bool = True
-    """Show a live progress bar."""
+    """Show a live progress bar (a plain line every 30 s where stderr is not a terminal)."""
     tensorboard: bool = True
     """Write TensorBoard event files beside the CSV metrics."""
     log_interval: int = 1

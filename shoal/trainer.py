@@ -9,6 +9,7 @@ import contextlib
 import math
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,7 +56,55 @@ class _StepRate(ProgressColumn):
         return Text("     -/s" if task.speed is None else f"{task.speed:>6,.0f}/s")
 
 
-def _progress(enabled: bool, console: Console) -> Progress:
+PROGRESS_LINE_S = 30.0
+"""Seconds between progress lines where stderr is not a terminal (see :class:`_ProgressLines`)."""
+
+
+class _ProgressLines:
+    """The progress bar's figures as a plain line every :data:`PROGRESS_LINE_S` seconds, for a
+    stderr that is not a terminal (a batch job's log file, ``| tee``, CI): there rich's live bar
+    shows nothing until the run ends, then one line cut to 80 columns. The bar's interface, as
+    :func:`fit` uses it."""
+
+    def __init__(self, console: Console, run_dir: Path):
+        self.console, self.run_dir = console, run_dir
+
+    def __enter__(self) -> _ProgressLines:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, description: str, total: int, completed: int, **fields: Any) -> int:
+        self.description, self.total = description, total
+        self.started = self.last = time.monotonic()
+        self.steps = self.last_steps = completed
+        self.print(f"{description}: training to {total:,} env steps in {self.run_dir} "
+                   f"(a line every {PROGRESS_LINE_S:g} s)")
+        return 0
+
+    def update(self, task: int, completed: int, ret: str, eval: str) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_LINE_S:
+            return
+        rate = (completed - self.last_steps) / (now - self.last)
+        eta = _clock((self.total - completed) / rate) if rate > 0 else "-"
+        self.print(f"{self.description} {completed:>9,}/{self.total:,} steps {completed / self.total:4.0%} "
+                   f"{rate:>6,.0f}/s return {ret} eval {eval} elapsed {_clock(now - self.started)} ETA {eta}")
+        self.last, self.last_steps = now, completed
+
+    def print(self, line: str) -> None:
+        self.console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _progress(enabled: bool, console: Console, run_dir: Path) -> Progress | _ProgressLines:
+    if enabled and not (console.is_terminal or console.is_jupyter):
+        return _ProgressLines(console, run_dir)
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
         TextColumn("{task.completed:>9,.0f}/{task.total:,.0f} steps"), _StepRate(),
@@ -119,7 +168,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     name = f"{algo.spec.name} {c.env}"
     run.mark_live(algo.backend.live_store())
     try:
-        with _sigterm_as_ctrl_c(), _progress(c.progress, console) as bar:
+        with _sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
             while algo.env_steps < c.total_steps and not solved and not (ran and out_of_time()):

@@ -142,6 +142,27 @@ def test_spaces_shoal_cannot_train_on_are_refused_in_one_line_before_a_run_direc
     assert code == 0, err  # Gaussian actions need no bounds
 
 
+def test_progress_where_stderr_is_not_a_terminal_is_a_plain_line_every_interval(capsys, tmp_path, monkeypatch):
+    """A batch job's log (or `| tee`, CI) gets whole lines as training goes, not rich's bar drawn
+    once at the end and cut to 80 columns."""
+    import shoal.trainer
+
+    monkeypatch.setattr(shoal.trainer, "PROGRESS_LINE_S", 0.0)  # a line each iteration
+    run = tmp_path / "logged"
+    fast = [a for a in FAST if a != "--no-progress"]
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "256", "--run-dir", str(run), *fast)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0] == f"ppo CartPole-v1: training to 256 env steps in {run} (a line every 0 s)"
+    steps = [line for line in lines if " steps " in line and "/s return " in line]
+    assert len(steps) == 4 and "━" not in err  # 4 iterations of 64 steps
+    assert steps[-1].startswith("ppo CartPole-v1       256/256 steps 100% ") and " ETA 0:00:00" in steps[-1]
+    assert all(len(line) > 80 for line in steps)  # never cut to a terminal's width
+    monkeypatch.setattr(shoal.trainer, "PROGRESS_LINE_S", 3600.0)
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "512")
+    assert code == 0 and len(err.splitlines()) == 6 and "training to 512 env steps" in err, err  # that line and the summary's 5
+
+
 def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):
     import csv
 
