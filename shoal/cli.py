@@ -122,7 +122,7 @@ commands:
   serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
-  envs                                list environment ids
+  envs [TEXT ...]                     list environment ids (containing TEXT) and their presets
 """
 
 TRAIN_HELP = """Train {algo} on a Gymnasium environment.
@@ -360,15 +360,26 @@ def cmd_envs(argv: list[str], console: Console) -> int:
     from shoal.config import preset_envs
     from shoal.envs import import_env_packages
 
-    if _no_arguments(argv, "envs"):
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: shoal envs [TEXT ...]\n\nlist environment ids (those containing any TEXT, "
+              "case-insensitive) and the algorithms with a tuned preset for each")
         return 0
+    if bad := [word for word in argv if word.startswith("-")]:
+        raise ShoalError(f"shoal envs takes words to look for in env ids, not options: got {' '.join(bad)}")
     import_env_packages()
-    presets = {env for name in ALGOS for env in preset_envs(name)}  # ids, or patterns such as ALE/*
-    table = Table("environment id", "preset")
-    for env_id in sorted(gym.registry):
-        table.add_row(env_id, "yes" if any(fnmatch.fnmatchcase(env_id, p) for p in presets) else "")
+    presets = {name: preset_envs(name) for name in sorted(ALGOS)}  # ids, or patterns such as ALE/*
+    ids = [env_id for env_id in sorted(gym.registry)
+           if not argv or any(word.lower() in env_id.lower() for word in argv)]
+    if not ids:
+        raise ShoalError(f"no installed environment id contains {' or '.join(map(repr, argv))}: "
+                         "shoal envs lists them all")
+    table = Table("environment id", "presets")
+    for env_id in ids:
+        table.add_row(env_id, ", ".join(name for name, envs in presets.items()
+                                        if any(fnmatch.fnmatchcase(env_id, p) for p in envs)))
     console.print(table)
-    console.print("Any installed Gymnasium environment id works; 'preset' marks shipped tuned settings.")
+    console.print("Any installed Gymnasium environment id works; 'presets' names the algorithms with shipped "
+                  "tuned settings for it.")
     return 0
 
 

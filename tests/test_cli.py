@@ -471,12 +471,24 @@ def test_a_command_line_the_parser_rejects_is_one_line(capsys, monkeypatch, argv
     assert len(err.strip().splitlines()) == 1 and not out, err  # not tyro's box, nor argparse's usage
 
 
-def test_the_listing_commands_take_no_arguments(capsys):
+def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for(capsys, monkeypatch):
+    code, _, err = run_cli(capsys, "algos", "CartPole-v1")
+    assert code == 2 and err == "shoal: error: shoal algos takes no arguments, got CartPole-v1\n"
     for command in ("algos", "envs"):
-        code, _, err = run_cli(capsys, command, "CartPole-v1")
-        assert code == 2 and err == f"shoal: error: shoal {command} takes no arguments, got CartPole-v1\n"
         code, out, _ = run_cli(capsys, command, "--help")
-        assert code == 0 and out.startswith(f"usage: shoal {command}\n\nlist ")
+        assert code == 0 and out.startswith(f"usage: shoal {command}") and "\n\nlist " in out
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli(capsys, "envs", "cartpole", "ACROBOT")  # any word, in any case
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if "│" in line}
+    assert code == 0 and "CartPole-v0" in rows and "Acrobot-v1" in rows and "Pendulum-v1" not in rows, out
+    assert rows["CartPole-v1"] == "a2c, appo, dqn, impala, ppo, sac, trpo" and rows["CartPole-v0"] == ""
+    code, out, _ = run_cli(capsys, "envs", "Breakout-v5")
+    assert code == 0 and "ALE/Breakout-v5 │ dqn, ppo" in out  # a preset for a pattern (ALE/*)
+    code, _, err = run_cli(capsys, "envs", "no-such-env")
+    assert code == 2 and err == ("shoal: error: no installed environment id contains 'no-such-env': "
+                                 "shoal envs lists them all\n")
+    code, _, err = run_cli(capsys, "envs", "--preset")
+    assert code == 2 and "shoal envs takes words to look for in env ids, not options: got --preset" in err
 
 
 def test_a_rejection_in_a_form_not_seen_before_is_still_one_line():
