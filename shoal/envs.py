@@ -153,6 +153,11 @@ class EnvOptions:
 NO_OPTIONS = EnvOptions()
 
 
+def headless() -> bool:
+    """Whether this process has no display to open windows on (a server, CI, a container)."""
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any] | None = None,
              options: EnvOptions = NO_OPTIONS) -> gym.Env:
     """One Gymnasium env, with the failure of a missing optional dependency made readable.
@@ -161,10 +166,12 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
     if is_remote(env_id):
         raise ShoalError(f"{env_id} is served remotely: it cannot be rendered or made here as a single env")
     check_env_id(env_id)
-    if render_mode == "rgb_array" and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        # Headless: rgb_array frames need no display, but pygame.init() would still try one, and
-        # SDL prints "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine.
+    if render_mode == "rgb_array" and headless():
+        # rgb_array frames need no display, but pygame.init() would still try one, and SDL prints
+        # "error: XDG_RUNTIME_DIR is invalid" though the frames come out fine. MuJoCo's renderer
+        # (Gymnasium's) tries GLFW first, which needs a display: EGL renders without one.
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         # render_mode only when one is asked for: Gymnasium passes it to the env's constructor
         # even as None, and a custom env's __init__ need not take it.

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import gymnasium as gym
 import torch
 from gymnasium.vector import VectorEnv
 
-from shoal.envs import NO_OPTIONS, EnvOptions, file_name, make_env, make_vector_env
+from shoal.envs import NO_OPTIONS, EnvOptions, error_line, file_name, headless, make_env, make_vector_env
 from shoal.errors import ShoalError
 from shoal.policy import PolicyModule, set_up_torch, set_weights
 
@@ -85,10 +88,35 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     out = Path(video_dir)
     if out.exists() and not out.is_dir():
         raise ShoalError(f"--video takes a directory to write the episodes into; {out} is a file")
+    made = [p for p in (out, *out.parents) if not p.exists()]  # removed again if no video comes of it
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ShoalError(f"cannot write videos into {out}: {e.strerror}") from None
+    try:
+        return _record(module, env_id, episodes, deterministic, seed, out, max_steps, env_kwargs, options)
+    except BaseException:
+        for directory in made:
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise
+
+
+def _render(env: gym.Env, env_id: str) -> np.ndarray:
+    try:
+        return env.render()
+    except Exception as e:
+        advice = ""
+        if headless() and "mujoco" in sys.modules:
+            advice = (f": with no display (MUJOCO_GL={os.environ.get('MUJOCO_GL', '')}) MuJoCo renders with "
+                      "MUJOCO_GL=egl, shoal's default there, which needs the system's libEGL (Debian/Ubuntu: "
+                      "apt install libegl1), or MUJOCO_GL=osmesa, in software (apt install libosmesa6)")
+        raise ShoalError(f"{env_id} could not render a frame ({error_line(e)}){advice}") from e
+
+
+def _record(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, out: Path,
+            max_steps: int, env_kwargs: dict[str, Any] | None,
+            options: EnvOptions) -> tuple[list[Path], dict[str, float]]:
     env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs, options=options)
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
@@ -97,12 +125,12 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         module.reset_memory(1)
-        frames, done = [env.render()], False
+        frames, done = [_render(env, env_id)], False
         while not done and len(frames) <= max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
             obs, r, term, trunc, info = env.step(module.to_env(a)[0])
             returns[i] += r
-            frames.append(env.render())
+            frames.append(_render(env, env_id))
             done = term or trunc
             reports = reports or "is_success" in info
             if done and "is_success" in info:

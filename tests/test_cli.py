@@ -84,6 +84,35 @@ def test_train_eval_plot_round_trip(capsys, tmp_path):
     assert done.stdout.startswith("wrote 1 video to "), done.stdout
 
 
+def test_mujoco_envs_are_recorded_on_a_headless_machine(capsys, tmp_path):
+    """Gymnasium's MuJoCo renderer tries GLFW first, which needs a display: shoal has it render
+    with EGL where there is none. A renderer that fails anyway is one line with what to install,
+    and leaves no empty video directory behind."""
+    import ctypes.util
+
+    pytest.importorskip("mujoco")
+    if ctypes.util.find_library("EGL") is None:
+        pytest.skip("this machine has no libEGL")
+    run = tmp_path / "pendulum"
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "InvertedPendulum-v5", "--total-steps", "64",
+                           "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    headless = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL",
+                                                                 "PYOPENGL_PLATFORM")}
+    record = [sys.executable, "-m", "shoal", "eval", str(run), "--episodes", "1", "--max-steps", "20",
+              "--video"]
+    done = subprocess.run([*record, str(tmp_path / "videos")], env=headless, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("wrote 1 video to "), done.stderr
+    assert (tmp_path / "videos" / "InvertedPendulum-v5-episode-0.mp4").stat().st_size > 1000
+    done = subprocess.run([*record, str(tmp_path / "none" / "here")], env={**headless, "MUJOCO_GL": "glfw"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(
+        "shoal: error: InvertedPendulum-v5 could not render a frame ("), done.stderr
+    assert "MuJoCo renders with MUJOCO_GL=egl, shoal's default there" in done.stderr
+    assert not (tmp_path / "none").exists()
+
+
 def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_path):
     """FrozenLake without slipping (is_slippery=false, as gym.make takes it) is walked in 6 steps;
     on the slippery default the same policy almost never arrives. The run's evaluations, its
