@@ -118,19 +118,21 @@ def _best_eval(run: RunDir) -> float:
     return max(values, default=-math.inf)
 
 
-Callback = Callable[[Algorithm, dict[str, Any]], None]
+Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
 
 
 def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None) -> dict[str, Any]:
     """Train until ``total_steps``, ``stop_return`` or ``stop_time_s``; returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
-    progress.csv, when it has one: see ``log_interval``)."""
+    progress.csv, when it has one: see ``log_interval``); returning False ends the run there, as
+    a stable-baselines3 callback's ``False`` does (the final evaluation, checkpoint and plot as
+    at any stop; the summary's ``stopped_by_callback`` says so)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
     last_log = every(c.log_interval, algo.env_steps)
-    best, evaluation, solved = _best_eval(run), None, False
+    best, evaluation, solved, halted = _best_eval(run), None, False, False
     saved: tuple[int, Path] | None = None  # (env_steps, path) of the newest periodic checkpoint
     logged = (algo.env_steps, algo.elapsed_s)  # env steps and training seconds at the last row
     unlogged: dict[str, Any] | None = None  # the newest iteration's metrics, if not written yet
@@ -171,7 +173,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
         with _sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
-            while algo.env_steps < c.total_steps and not solved and not (ran and out_of_time()):
+            while algo.env_steps < c.total_steps and not solved and not halted and not (ran and out_of_time()):
                 metrics, ran = algo.train(), True
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
@@ -179,7 +181,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                 else:
                     unlogged = metrics
                 if callback is not None:
-                    callback(algo, metrics)
+                    halted = callback(algo, metrics) is False
                 if every(c.eval_interval, algo.env_steps) > last_eval:
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()
@@ -210,7 +212,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
             "elapsed_s": algo.elapsed_s, "eval_return_mean": evaluation["eval/return_mean"],
             "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
             "eval_success_rate": evaluation.get("eval/success_rate"),
-            "solved": solved, "timed_out": not solved and algo.env_steps < c.total_steps and out_of_time(),
+            "solved": solved, "stopped_by_callback": halted,
+            "timed_out": not solved and not halted and algo.env_steps < c.total_steps and out_of_time(),
             "checkpoint": str(last), "plot": str(plot)}
 
 
@@ -248,7 +251,7 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
 def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None,
           callback: Callback | None = None) -> dict[str, Any]:
     """Train ``config`` in a new run directory; returns the run summary. ``callback(algo, metrics)``
-    runs after every iteration."""
+    runs after every iteration; it ends the run by returning False."""
     from shoal.algos import spec_for
 
     name = spec_for(config).name

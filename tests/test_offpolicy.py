@@ -1,6 +1,8 @@
 """Off-policy mechanics: TD targets, the squashed Gaussian, dueling, batched critics, SAC's joint
 step (continuous and discrete), action scaling, exact resume."""
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -358,6 +360,24 @@ def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iterat
         steps = int(row["env_steps"]) - int(before["env_steps"])
         assert float(row["time/env_steps_per_s"]) == pytest.approx(steps / seconds)
     assert float(rows[-1]["loss/q"]) == pytest.approx(float(iterations[-1]["loss/q"]))  # the last iteration's own
+
+
+def test_a_callback_that_returns_false_ends_the_run_as_any_stop_does(tmp_path):
+    """As a stable-baselines3 callback's False: the iteration it saw is the last, and the run ends
+    with its row, an evaluation, a checkpoint and a plot. None (a callback with no return) goes on."""
+    import csv
+
+    config = DQNConfig(env="CartPole-v1", hidden_sizes=(16,), batch_size=32, learning_starts=64, total_steps=5_000,
+                       torch_threads=1, progress=False, tensorboard=False, eval_interval=0, eval_episodes=2)
+    summary = shoal.train(config, run_dir=tmp_path / "run", callback=lambda algo, metrics: algo.env_steps < 700)
+    assert summary["stopped_by_callback"] and not summary["timed_out"] and summary["env_steps"] == 700
+    rows = list(csv.DictReader(open(tmp_path / "run" / "progress.csv")))
+    assert [int(r["env_steps"]) for r in rows] == [500, 700]
+    assert [int(r["env_steps"]) for r in csv.DictReader(open(tmp_path / "run" / "eval.csv"))] == [700]
+    assert summary["checkpoint"].endswith("ckpt_000000700") and (tmp_path / "run" / "curve.png").exists()
+    summary = shoal.train(dataclasses.replace(config, total_steps=300), run_dir=tmp_path / "on",
+                          callback=lambda algo, metrics: None)
+    assert not summary["stopped_by_callback"] and summary["env_steps"] == 300
 
 
 def test_the_progress_bar_shows_the_step_rate_before_the_first_row(tmp_path):
