@@ -68,6 +68,9 @@ class LocalBackend:
         """Index of a finished future: in-process, every future is finished."""
         return 0
 
+    def started(self, pings: list[Any]) -> None:
+        """Wait for the runners' first replies (in-process they have replied)."""
+
     def collect(self, statuses: dict[int, Any], timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
         """Split the statuses of ``call_checked`` calls into those that came back and those that failed."""
         failed = {i: str(s) for i, s in statuses.items() if isinstance(s, Failure)}
@@ -136,6 +139,9 @@ class RayHandle:
 
 STORE_NAMESPACE = "shoal"
 
+RUNNER_START_WARN_S = 10.0
+"""Seconds the Ray backend waits for its runners to start before it says why they have not."""
+
 
 class RayWeightStore:
     """Client of a WeightStore actor: weights go through the object store, published once.
@@ -165,6 +171,14 @@ class RayWeightStore:
         import ray
 
         return ray.get(self.actor.version.remote(policy_id))
+
+
+class _RAY:
+    """Ray in this process, shared by every RayBackend here (two Algorithms in one notebook or
+    script): shut down when the last backend using the Ray shoal started stops, not the first."""
+
+    started = False  # shoal called ray.init (a Ray the user started is theirs to shut down)
+    users = 0  # RayBackends not yet shut down
 
 
 class RayBackend:
@@ -214,6 +228,9 @@ class RayBackend:
                                  f"{'--address' if config.address else 'RAY_ADDRESS'})") from None
         self.cpus = float(ray.cluster_resources().get("CPU", 0.0))
         self.gpus = float(ray.cluster_resources().get("GPU", 0.0))
+        _RAY.started = _RAY.started or self.owns_ray
+        _RAY.users += 1
+        self.released = False
 
     def make(self, cls: type, *args: Any, name: str, num_cpus: float = 0.0, concurrency: int = 1,
              actor_name: str | None = None, num_gpus: float = 0.0, **kwargs: Any) -> RayHandle:
@@ -242,6 +259,22 @@ class RayBackend:
             _raise_if_shared_object_lost(e)
             lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             raise RoleFailed(f"{type(e).__name__}: {lines[-1][:300] if lines else e}") from e
+
+    def started(self, pings: list[Any]) -> None:
+        """Wait for the runners' first replies. A runner asking for more CPUs than are free waits,
+        silently in Ray, until they free up (another run on the cluster, or another Algorithm in
+        this process, holds them): say so once, then go on waiting, as a queued trial does."""
+        import ray
+
+        _, pending = ray.wait(pings, num_returns=len(pings), timeout=RUNNER_START_WARN_S)
+        cpus = self.runner_cpus()
+        free = ray.available_resources().get("CPU", 0.0)
+        if pending and cpus > free:
+            logging.getLogger("shoal").warning(
+                "%d of %d runners wait for CPUs: each asks for %g, and the Ray cluster has %g of %g free (another "
+                "run, or another shoal Algorithm in this process, holds them); they start when CPUs free up, or "
+                "stop this run and give it fewer --num-env-runners", len(pending), len(pings), cpus, free, self.cpus)
+        self.get(pings)
 
     def wait_any(self, futures: list[Any]) -> int:
         """Index of the first of ``futures`` to finish (ray.wait)."""
@@ -341,7 +374,7 @@ class RayBackend:
         return 0.5 / self.config.num_inference_servers if central and self.learner_gpus() else 0.0
 
     def shutdown(self) -> None:
-        """Stop our actors; stop Ray if we started it."""
+        """Stop our actors; stop Ray if shoal started it and no other backend here uses it."""
         import ray
 
         for actor in self.actors:
@@ -350,8 +383,13 @@ class RayBackend:
             except Exception:
                 pass  # already gone
         self.actors.clear()
-        if self.owns_ray:
+        if self.released:
+            return
+        self.released = True
+        _RAY.users -= 1
+        if _RAY.started and _RAY.users == 0:
             ray.shutdown()
+            _RAY.started = False
 
 
 def _raise_if_shared_object_lost(e: BaseException) -> None:

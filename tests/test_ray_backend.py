@@ -1,5 +1,7 @@
 """The Ray backend: same code path, same results, real actors."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,58 @@ def test_max_policy_lag_drops_stale_rollouts_on_ray(ray_cluster):
     assert metrics["learner/dropped_steps"] == 16 * metrics["learner/dropped_rollouts"]
 
 
+def test_runners_waiting_for_cpus_another_run_holds_say_so_and_start_once_they_free(ray_cluster, tiny, caplog,
+                                                                                     monkeypatch):
+    """Ray keeps an actor that asks for more CPUs than are free pending, silently: a second run
+    on a cluster (or a second Algorithm in a notebook) would seem to hang."""
+    import logging
+    import threading
+    import time
+
+    import shoal.backends
+
+    monkeypatch.setattr(shoal.backends, "RUNNER_START_WARN_S", 1.0)
+    first = shoal.make(tiny(backend="ray", num_env_runners=2))  # the fixture's cluster has 2 CPUs
+    made = {}
+    waiting = threading.Thread(target=lambda: made.setdefault("second", shoal.make(tiny(backend="ray"))))
+    try:
+        with caplog.at_level(logging.WARNING, logger="shoal"):
+            waiting.start()
+            deadline = time.monotonic() + 30
+            while "wait for CPUs" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert waiting.is_alive()  # still waiting for a CPU
+            assert ("1 of 1 runners wait for CPUs: each asks for 1, and the Ray cluster has 0 of 2 free (another run, "
+                    "or another shoal Algorithm in this process, holds them)") in caplog.text
+            assert first.train()["env_steps"] == 128
+    finally:
+        first.stop()  # frees both CPUs; Ray stays up for the run still using it
+    waiting.join(timeout=60)
+    assert not waiting.is_alive()
+    with made["second"] as second:
+        assert second.train()["env_steps"] == 64
+
+
+def test_the_ray_shoal_started_outlives_the_first_of_two_algorithms_to_stop(tmp_path):
+    """Two Algorithms in one process (a notebook): the first one's stop() must not shut down the
+    Ray the other still uses; the last one's does. In a fresh process, so that shoal starts Ray."""
+    import subprocess
+    import sys
+
+    script = (
+        "import ray, shoal\n"
+        "from conftest import small_ppo\n"
+        "config = small_ppo(backend='ray', num_env_runners=1)\n"
+        "first, second = shoal.make(config), shoal.make(config)\n"
+        "first.train(); first.stop()\n"
+        "print(second.train()['env_steps'], ray.is_initialized())\n"
+        "second.stop()\n"
+        "print(ray.is_initialized())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          cwd=Path(__file__).parent)
+    assert done.returncode == 0 and done.stdout.split() == ["64", "True", "False"], done.stderr[-2000:]
+
+
 def test_central_inference_batches_runners_requests(ray_cluster, tiny):
     """--inference central: runners hold no weights; one server answers both, batching them."""
     config = tiny(backend="ray", num_env_runners=2, inference="central", rollout_steps=32)
@@ -134,7 +188,6 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     from shoal.remote.policyserver import PolicyClient
 
