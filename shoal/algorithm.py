@@ -6,6 +6,7 @@ flat metrics. Nothing here depends on where the roles run.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections import deque
 from pathlib import Path
@@ -320,8 +321,11 @@ class Algorithm:
         """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""
         self._check_running()
         c = self.config
+        if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral)
+                                     or episodes < 1):
+            raise ShoalError(f"episodes must be a whole number of at least 1, got {episodes!r}")
         out = self.backend.get(self.evaluator.call(
-            "evaluate", episodes or c.eval_episodes,
+            "evaluate", c.eval_episodes if episodes is None else int(episodes),
             c.eval_deterministic if deterministic is None else deterministic,
             c.seed + EVAL_SEED_OFFSET))
         return {"iteration": self.iteration, "env_steps": self.env_steps, "time/elapsed_s": self.elapsed_s,

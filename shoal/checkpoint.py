@@ -35,18 +35,28 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_checkpoint(path: Path, policy: dict[str, Any], state: dict[str, Any], meta: dict[str, Any]) -> Path:
-    """Write a checkpoint directory at ``path`` atomically (replacing one already there)."""
+    """Write a checkpoint directory at ``path`` atomically (replacing a checkpoint already there,
+    and nothing else: a file or a directory holding other things is refused, never deleted)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not (is_checkpoint(path) or (path.is_dir() and not any(path.iterdir()))):
+        what = "a directory that holds other things" if path.is_dir() else "a file"
+        raise ShoalError(f"cannot write a checkpoint at {path}: it is {what}, which a checkpoint (a directory "
+                         "of its own) would replace; give a new path, or one of an older checkpoint")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(policy, tmp / POLICY_FILE)
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
-    for name in (POLICY_FILE, STATE_FILE, META_FILE):
-        with open(tmp / name, "rb") as f:
-            os.fsync(f.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(policy, tmp / POLICY_FILE)
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2))
+        for name in (POLICY_FILE, STATE_FILE, META_FILE):
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+    except OSError as e:  # unwritable, or the disk filled up: nothing half-written is left
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = f" ({e.filename})" if e.filename and Path(e.filename) in path.parents else ""
+        raise ShoalError(f"cannot write a checkpoint at {path}: {e.strerror or e}{where}") from None
     if path.exists():  # e.g. "best": move the old one aside first, then swap in the new one
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.rename(path, old)

@@ -91,10 +91,39 @@ def test_failed_write_leaves_no_checkpoint_and_the_previous_one_is_used(tiny, tm
             return real_save(obj, f, *a, **k)
 
         monkeypatch.setattr(torch, "save", dying_save)
-        with pytest.raises(OSError):
+        with pytest.raises(ShoalError, match=r"cannot write a checkpoint at .*ckpt_000000002: disk full$"):
             algo.save(run / "checkpoints" / "ckpt_000000002")
     assert not (run / "checkpoints" / "ckpt_000000002").exists()
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["ckpt_000000001"]  # no temporary left either
     assert ckpt.resolve(run).name == "ckpt_000000001"
+
+
+def test_save_replaces_a_checkpoint_and_nothing_else(tiny, tmp_path):
+    """``algo.save(path)`` writes a directory of its own: over a user's file or a directory of
+    other things (``algo.save(".")``) it would have deleted them."""
+    import numpy as np
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "train.py").write_text("mine too")
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        for path, what in ((tmp_path / "notes.txt", "a file"), (tmp_path / "project", "a directory that holds")):
+            with pytest.raises(ShoalError, match=f"cannot write a checkpoint at {path}: it is {what}"):
+                algo.save(path)
+        with pytest.raises(ShoalError, match=r"notes.txt/ckpt: File exists \(.*notes.txt\)$"):
+            algo.save(tmp_path / "notes.txt" / "ckpt")
+        first = algo.save(tmp_path / "ckpt")
+        algo.train()
+        assert algo.save(tmp_path / "ckpt") == first  # a checkpoint is replaced by the newer one
+        (tmp_path / "empty").mkdir()
+        algo.save(tmp_path / "empty")
+        for bad in (0, -1, 2.5, "3", True):
+            with pytest.raises(ShoalError, match="episodes must be a whole number of at least 1"):
+                algo.evaluate(episodes=bad)
+        assert algo.evaluate(episodes=np.int64(3))["eval/episodes"] == 3
+    assert (tmp_path / "notes.txt").read_text() == "mine" and (tmp_path / "project" / "train.py").exists()
+    assert ckpt.read_meta(tmp_path / "ckpt")["iteration"] == 2 and ckpt.is_checkpoint(tmp_path / "empty")
 
 
 def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
