@@ -78,7 +78,7 @@ class _ProgressLines:
     def add_task(self, description: str, total: int, completed: int, **fields: Any) -> int:
         self.description, self.total = description, total
         self.started = self.last = time.monotonic()
-        self.steps = self.last_steps = completed
+        self.last_steps = completed
         self.print(f"{description}: training to {total:,} env steps in {self.run_dir} "
                    f"(a line every {PROGRESS_LINE_S:g} s)")
         return 0
