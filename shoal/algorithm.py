@@ -83,7 +83,7 @@ class Algorithm:
             self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
             self.backend.get(self.learner.call("publish"))
             # Wait for the runners to start, so that --runner-timeout-s bounds sampling only.
-            self.backend.started([r.call("ping") for r in self.runners])
+            self.backend.wait_for_runners([r.call("ping") for r in self.runners])
         except BaseException:
             self.backend.shutdown()
             raise

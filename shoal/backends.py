@@ -68,7 +68,7 @@ class LocalBackend:
         """Index of a finished future: in-process, every future is finished."""
         return 0
 
-    def started(self, pings: list[Any]) -> None:
+    def wait_for_runners(self, pings: list[Any]) -> None:
         """Wait for the runners' first replies (in-process they have replied)."""
 
     def collect(self, statuses: dict[int, Any], timeout_s: float) -> tuple[dict[int, Any], dict[int, str]]:
@@ -260,7 +260,7 @@ class RayBackend:
             lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
             raise RoleFailed(f"{type(e).__name__}: {lines[-1][:300] if lines else e}") from e
 
-    def started(self, pings: list[Any]) -> None:
+    def wait_for_runners(self, pings: list[Any]) -> None:
         """Wait for the runners' first replies. A runner asking for more CPUs than are free waits,
         silently in Ray, until they free up (another run on the cluster, or another Algorithm in
         this process, holds them): say so once, then go on waiting, as a queued trial does."""

@@ -8,8 +8,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import gymnasium as gym
+import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
@@ -94,7 +94,11 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     except OSError as e:
         raise ShoalError(f"cannot write videos into {out}: {e.strerror}") from None
     try:
-        return _record(module, env_id, episodes, deterministic, seed, out, max_steps, env_kwargs, options)
+        env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs, options=options)
+        try:
+            return _play_and_write(env, module, env_id, episodes, deterministic, seed, out, max_steps)
+        finally:
+            env.close()
     except BaseException:
         for directory in made:
             if directory.is_dir() and not any(directory.iterdir()):
@@ -114,10 +118,9 @@ def _render(env: gym.Env, env_id: str) -> np.ndarray:
         raise ShoalError(f"{env_id} could not render a frame ({error_line(e)}){advice}") from e
 
 
-def _record(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, out: Path,
-            max_steps: int, env_kwargs: dict[str, Any] | None,
-            options: EnvOptions) -> tuple[list[Path], dict[str, float]]:
-    env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs, options=options)
+def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
+                    out: Path, max_steps: int) -> tuple[list[Path], dict[str, float]]:
+    """:func:`record_episodes`' episodes, each written to ``out`` as it ends."""
     fps = env.metadata.get("render_fps", 30)
     generator = torch.Generator().manual_seed(seed)
     paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
@@ -147,7 +150,6 @@ def _record(module: PolicyModule, env_id: str, episodes: int, deterministic: boo
             raise
         tmp.replace(path)
         paths.append(path)
-    env.close()
     return paths, episode_stats(returns, lengths, successes if reports else None)
 
 
