@@ -93,6 +93,16 @@ def resolve(path: str | Path) -> Path:
         return found[-1]
     if is_checkpoint(p / "checkpoints" / "best"):
         return p / "checkpoints" / "best"
+    if (p / "config.yaml").is_file():  # a run directory whose run has not checkpointed yet
+        from shoal.config import read_yaml
+
+        try:
+            interval = f"{int(read_yaml(p / 'config.yaml')['checkpoint_interval']):,}"
+        except (ShoalError, KeyError, TypeError, ValueError):
+            interval = "checkpoint_interval"
+        raise ShoalError(f"no complete checkpoint in {p} yet (looked in {p / 'checkpoints'}): its run writes one "
+                         f"every {interval} env steps, its best at the first evaluation that sets one, and a "
+                         "last one when it ends; try again then")
     raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 

@@ -206,3 +206,17 @@ def test_ctrl_c_or_sigterm_writes_a_checkpoint_and_the_run_resumes(sig, tmp_path
     again = _shoal("train", "--resume", str(run), "--total-steps", str(steps + 512))
     _, err = again.communicate(timeout=120)
     assert again.returncode == 2 and "already reached total_steps" in err
+
+
+def test_a_run_directory_without_a_checkpoint_yet_says_when_one_comes(tmp_path):
+    """`shoal eval` or `serve-policy --follow` started just after `shoal train`: not a bare "no
+    checkpoint", but when the run writes one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("algo: ppo\ncheckpoint_interval: 25000\n")
+    with pytest.raises(ShoalError, match=r"no complete checkpoint in .*run yet \(looked in .*\): its run writes one "
+                                         r"every 25,000 env steps, its best at the first evaluation"):
+        ckpt.resolve(run)
+    (tmp_path / "other").mkdir()  # not a run directory: no promise of a checkpoint to come
+    with pytest.raises(ShoalError, match=r"no complete checkpoint in .*other \(looked in .*checkpoints\)$"):
+        ckpt.resolve(tmp_path / "other")
