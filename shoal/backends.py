@@ -268,8 +268,7 @@ class RayBackend:
 
         _, pending = ray.wait(pings, num_returns=len(pings), timeout=RUNNER_START_WARN_S)
         cpus = self.runner_cpus()
-        free = ray.available_resources().get("CPU", 0.0)
-        if pending and cpus > free:
+        if pending and cpus > (free := ray.available_resources().get("CPU", 0.0)):
             logging.getLogger("shoal").warning(
                 "%d of %d runners wait for CPUs: each asks for %g, and the Ray cluster has %g of %g free (another "
                 "run, or another shoal Algorithm in this process, holds them); they start when CPUs free up, or "

@@ -122,7 +122,7 @@ commands:
   serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
-  envs [TEXT ...]                     list environment ids (containing TEXT) and their presets
+  envs [TEXT ...]                     list environment ids (containing any TEXT, in any case) and their presets
 """
 
 TRAIN_HELP = """Train {algo} on a Gymnasium environment.
@@ -327,23 +327,24 @@ def cmd_plot(argv: list[str], console: Console) -> int:
     return 0
 
 
-def _no_arguments(argv: list[str], command: str) -> bool:
-    """The listing commands take no arguments: True when asked for help, an error for others."""
-    if argv and argv[0] in ("-h", "--help"):
-        summary = next(line for line in USAGE.splitlines() if line.strip().startswith(command + " "))
-        print(f"usage: shoal {command}\n\n{summary.split(maxsplit=1)[1]}")
-        return True
-    if argv:
-        raise ShoalError(f"shoal {command} takes no arguments, got {' '.join(argv)}")
-    return False
+def _asked_for_help(argv: list[str], command: str) -> bool:
+    """For the listing commands: print the command's line of USAGE if asked for help."""
+    if not (argv and argv[0] in ("-h", "--help")):
+        return False
+    line = next(line.strip() for line in USAGE.splitlines() if line.strip().startswith(command + " "))
+    usage, summary = re.split(r"\s{2,}", line, maxsplit=1)
+    print(f"usage: shoal {usage}\n\n{summary}")
+    return True
 
 
 def cmd_algos(argv: list[str], console: Console) -> int:
     from shoal.algos import ALGOS
     from shoal.config import preset_envs
 
-    if _no_arguments(argv, "algos"):
+    if _asked_for_help(argv, "algos"):
         return 0
+    if argv:
+        raise ShoalError(f"shoal algos takes no arguments, got {' '.join(argv)}")
     table = Table("algorithm", "description", "presets")
     for name, spec in sorted(ALGOS.items()):
         table.add_row(name, spec.summary, ", ".join(preset_envs(name)) or "-")
@@ -360,9 +361,7 @@ def cmd_envs(argv: list[str], console: Console) -> int:
     from shoal.config import preset_envs
     from shoal.envs import import_env_packages
 
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: shoal envs [TEXT ...]\n\nlist environment ids (those containing any TEXT, "
-              "case-insensitive) and the algorithms with a tuned preset for each")
+    if _asked_for_help(argv, "envs"):
         return 0
     if bad := [word for word in argv if word.startswith("-")]:
         raise ShoalError(f"shoal envs takes words to look for in env ids, not options: got {' '.join(bad)}")
