@@ -5,12 +5,14 @@ stable-baselines3 on the same GPU, in one run: the device check to run where a G
    presets and --device cuda (time and steps), the CPU's in the same run.
 2. Throughput, env steps/s with learning: DQN and PPO on Breakout with rl-zoo's Atari settings
    (as bench_atari.py: the Nature CNN, 2 torch threads), the learner on the CPU and on the GPU,
-   and SB3 on the GPU; SAC on Pendulum-v1 (256x256, batch 256, one update a step) on both.
+   the learner and the runner on the GPU (--runner-device cuda: the runner's forward passes there,
+   as SB3's), and SB3 on the GPU; SAC on Pendulum-v1 (256x256, batch 256, one update a step) on
+   the CPU and the GPU.
 
 Each figure comes from a fresh process. Without CUDA it says so and stops; ``--device cpu`` runs
 the script's logic with the CPU on both sides (a dry run: its "gpu" figures are the CPU's).
 
-    .venv/bin/python benchmarks/bench_device.py [--device cuda] [--quick]
+    .venv/bin/python benchmarks/bench_device.py [--device cuda] [--quick] [--throughput-only] [--only dqn ppo]
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ ATARI_SETS = {"dqn": {"num_envs_per_runner": 1, "learning_starts": DQN["learning
                       "buffer_size": DQN["buffer_size"], "target_update_interval": 250}, "ppo": {}}
 
 
-def shoal_rate(algo: str, env: str, device: str, steps: int, warmup: int) -> float:
-    """shoal's training env steps/s with the learner on ``device``."""
+def shoal_rate(algo: str, env: str, device: str, steps: int, warmup: int, runner_device: str = "cpu") -> float:
+    """shoal's training env steps/s with the learner on ``device`` and the runner on ``runner_device``."""
     import shoal
 
     sets = ATARI_SETS[algo] if env == ENV else {}
-    config = shoal.make_config(algo, env, device=device, total_steps=10**9, eval_interval=0,
-                               checkpoint_interval=10**9, progress=False, tensorboard=False, torch_threads=2, **sets)
+    config = shoal.make_config(algo, env, device=device, runner_device=runner_device, total_steps=10**9,
+                               eval_interval=0, checkpoint_interval=10**9, progress=False, tensorboard=False,
+                               torch_threads=2, **sets)
     return shoal_steps_per_s(config, steps, warmup)
 
 
@@ -80,6 +83,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="the device to compare with the CPU (cpu: a dry run)")
     parser.add_argument("--quick", action="store_true", help="a quarter of the steps")
+    parser.add_argument("--throughput-only", action="store_true", help="skip the learning runs (part 1)")
+    parser.add_argument("--only", nargs="+", choices=["dqn", "ppo", "sac"], default=["dqn", "ppo", "sac"],
+                        help="the throughput rows to measure (part 2)")
     args = parser.parse_args()
     name = isolated(cuda_name, args.device)
     if name is None:
@@ -90,22 +96,27 @@ def main() -> None:
     print(f"machine: {machine()}; device: {name}", flush=True)
     sides = {"cpu": "cpu", "gpu": args.device}  # the learner's device on each side (cpu twice in a dry run)
     result: dict = {"device": name, "learning": {}, "throughput": {}}
-    for algo, env, target in (("ppo", "CartPole-v1", 475.0), ("sac", "Pendulum-v1", -200.0)):
+    for algo, env, target in () if args.throughput_only else (("ppo", "CartPole-v1", 475.0),
+                                                                 ("sac", "Pendulum-v1", -200.0)):
         runs = {side: isolated(time_to, algo, env, d, target) for side, d in sides.items()}
         result["learning"][f"{algo} {env}"] = runs
         print(f"{algo} {env} to {target:g}: " + ", ".join(f"{side} {s:.1f} s at {n:,d} steps"
                                                          for side, (s, n) in runs.items()), flush=True)
     for algo, env, steps, warmup in (("dqn", ENV, 6000, DQN["learning_starts"]), ("ppo", ENV, 8192, 1024),
                                      ("sac", "Pendulum-v1", 4000, 100)):
+        if algo not in args.only:
+            continue
         steps //= scale
         rates = {side: isolated(shoal_rate, algo, env, d, steps, warmup) for side, d in sides.items()}
         if env == ENV:
+            rates["gpu, runner too"] = isolated(shoal_rate, algo, env, args.device, steps, warmup, args.device)
             rates["sb3 gpu"] = isolated(sb3_atari_rate, algo, args.device, steps)
         result["throughput"][f"{algo} {env}"] = rates
         line = ", ".join(f"{side} {r:,.0f}" for side, r in rates.items())
         ratios = f"gpu/cpu {rates['gpu'] / rates['cpu']:.2f}"
         if env == ENV:
-            ratios += f", shoal/SB3 on the gpu {rates['gpu'] / rates['sb3 gpu']:.2f}"
+            ratios += (f", shoal/SB3 on the gpu {rates['gpu'] / rates['sb3 gpu']:.2f} "
+                       f"(the runner there too: {rates['gpu, runner too'] / rates['sb3 gpu']:.2f})")
         print(f"{algo} {env}, env steps/s over {steps:,} steps: {line}; {ratios}", flush=True)
     print(f"wrote {save('device', result)}")
 

@@ -78,7 +78,8 @@ class Algorithm:
             self.runners = [self.backend.make(EnvRunner, config, i, self.store, "default",
                                               shards[i % len(shards)] if shards else None,
                                               self.inference[i % len(self.inference)] if self.inference else None,
-                                              name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
+                                              name=f"runner-{i}", num_cpus=self.backend.runner_cpus(),
+                                              num_gpus=self.backend.runner_gpus())
                             for i in range(config.num_env_runners)]
             self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
             self.backend.get(self.learner.call("publish"))
@@ -204,7 +205,7 @@ class Algorithm:
             self.runners[i], EnvRunner, c, i, self.store, "default",
             self.shards[i % len(self.shards)] if self.shards else None,
             self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
-            name=f"runner-{i}", num_cpus=self.backend.runner_cpus())
+            name=f"runner-{i}", num_cpus=self.backend.runner_cpus(), num_gpus=self.backend.runner_gpus())
         self.backend.get(self.runners[i].call("ping"))  # started (start-up is not sampling time)
 
     def fault_metrics(self) -> dict[str, float]:

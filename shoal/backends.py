@@ -110,6 +110,10 @@ class LocalBackend:
         """GPUs to reserve for each central inference server (none in-process)."""
         return 0.0
 
+    def runner_gpus(self) -> float:
+        """GPUs to reserve per runner (none in-process: they use the device --runner-device names)."""
+        return 0.0
+
     def shutdown(self) -> None:
         """Nothing to release."""
 
@@ -351,26 +355,37 @@ class RayBackend:
         more CPUs than exist would wait forever (MEASURED.md)."""
         return min(1.0, self.cpus / self.config.num_env_runners) if self.cpus else 0.0
 
+    def _wants_gpu(self, flag: str, device: str) -> bool:
+        """Whether a role on ``device`` (the value of ``flag``) needs a GPU of the cluster; a
+        cluster without one is refused now, as an actor asking for it would wait forever."""
+        if device == "auto":
+            return self.gpus >= 1
+        if device.startswith("cuda") and self.gpus < 1:
+            raise ShoalError(f"{flag} {device}: the Ray cluster has no GPU (its resources: {self.cpus:g} CPUs); "
+                             f"train with {flag} cpu, or join a cluster with one (--address)")
+        return device.startswith("cuda")
+
     def learner_gpus(self) -> float:
         """One GPU for a learner on --device cuda (or auto, where the cluster has one), half of
-        one under --inference central (its servers share the other half): Ray then makes it the
-        only GPU the learner's process sees. A cluster without one is refused now, as an actor
-        asking for it would wait forever."""
-        device = self.config.device
-        if device == "auto":
-            wanted = self.gpus >= 1
-        else:
-            wanted = device.startswith("cuda")
-            if wanted and self.gpus < 1:
-                raise ShoalError(f"--device {device}: the Ray cluster has no GPU (its resources: {self.cpus:g} "
-                                 "CPUs); train with --device cpu, or join a cluster with one (--address)")
-        return (0.5 if self.config.inference == "central" else 1.0) if wanted else 0.0
+        one where central inference servers or runners on --runner-device cuda share it (they
+        take the other half): Ray then makes it the only GPU the learner's process sees."""
+        if not self._wants_gpu("--device", self.config.device):
+            return 0.0
+        shared = self.config.inference == "central" or self._wants_gpu("--runner-device", self.config.runner_device)
+        return 0.5 if shared else 1.0
 
     def inference_gpus(self) -> float:
         """Each central inference server's share of the half GPU the learner leaves (none where
         the learner takes none)."""
         central = self.config.inference == "central"
         return 0.5 / self.config.num_inference_servers if central and self.learner_gpus() else 0.0
+
+    def runner_gpus(self) -> float:
+        """Each runner's share of a GPU on --runner-device cuda: of the half the learner leaves, or
+        of a whole one where the learner trains on the CPU."""
+        if not self._wants_gpu("--runner-device", self.config.runner_device):
+            return 0.0
+        return (0.5 if self.learner_gpus() else 1.0) / self.config.num_env_runners
 
     def shutdown(self) -> None:
         """Stop our actors; stop Ray if shoal started it and no other backend here uses it."""

@@ -101,10 +101,17 @@ class Config:
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
     device: str = "cpu"
     """Where the learner's networks train (and --inference central's servers act): cpu, cuda,
-    cuda:N, or auto (cuda where there is one). Runners and evaluators act on the CPU with the
-    weights the learner publishes. On the ray backend a learner on cuda or auto asks Ray for a
-    GPU. Small MLPs are expected to gain little from a GPU; image observations and large
-    networks are what it is for."""
+    cuda:N, or auto (cuda where there is one). Runners act where --runner-device says, and
+    evaluators on the CPU, with the weights the learner publishes. On the ray backend a learner on
+    cuda or auto asks Ray for a GPU. Small MLPs are expected to gain little from a GPU; image
+    observations and large networks are what it is for."""
+    runner_device: str = "cpu"
+    """Where runners compute their actions: cpu, cuda, cuda:N or auto. On a GPU each env step
+    uploads the observations and waits once for the actions, as stable-baselines3 acts on its
+    model's device (RLlib: num_gpus_per_env_runner). Meant for convolutional networks where CPU
+    cores are few or busy: with 16 cores, DQN on Breakout gained nothing measurable (BENCHMARKS.md).
+    On the ray backend each runner asks Ray for a share of a GPU (they share half of one with a
+    learner on cuda)."""
     progress: bool = True
     """Show a live progress bar (a plain line every 30 s where stderr is not a terminal)."""
     tensorboard: bool = True
@@ -134,9 +141,13 @@ class Config:
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
         from shoal.devices import named
 
-        _check(named(self.device), f"--device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
-        _check(self.backend != "ray" or ":" not in self.device, f"--device {self.device}: on the ray backend the "
-               "learner uses the GPU Ray gives it: give --device cuda")
+        for flag, spec, role in (("--device", self.device, "the learner uses the GPU Ray gives it"),
+                                 ("--runner-device", self.runner_device, "runners use the GPU share Ray gives them")):
+            _check(named(spec), f"{flag} must be cpu, cuda, cuda:N or auto, got {spec!r}")
+            _check(self.backend != "ray" or ":" not in spec, f"{flag} {spec}: on the ray backend {role}: give {flag} cuda")
+        _check(self.runner_device == "cpu" or self.inference == "local", f"--runner-device {self.runner_device} "
+               "cannot be combined with --inference central: the runners then hold no policy, and the inference "
+               "servers act on --device")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
         _check(self.inference != "central" or self.num_inference_servers <= self.num_env_runners,
                f"num_inference_servers {self.num_inference_servers} is more than num_env_runners "

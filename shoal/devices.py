@@ -27,11 +27,11 @@ def named(spec: str) -> bool:
     return kind in ("cpu", "cuda", torch._C._get_privateuse1_backend_name())
 
 
-def resolve(spec: str) -> torch.device:
-    """The device ``--device`` names, checked here, where the learner runs (on Ray, a machine the
+def resolve(spec: str, flag: str = "--device") -> torch.device:
+    """The device ``flag`` names, checked here, where the role using it runs (on Ray, a machine the
     driver may not be): auto is cuda where torch sees one, else the CPU."""
     if not named(spec):
-        raise ShoalError(f"--device must be cpu, cuda, cuda:N or auto, got {spec!r}")
+        raise ShoalError(f"{flag} must be cpu, cuda, cuda:N or auto, got {spec!r}")
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)
@@ -42,10 +42,10 @@ def resolve(spec: str) -> torch.device:
     if count == 0:
         build = f"torch {torch.__version__}" + (" has no CUDA support" if device.type == "cuda" and
                                                 not torch.backends.cuda.is_built() else " sees none here")
-        raise ShoalError(f"--device {spec}: no {device.type} device ({build}); train with --device cpu, or "
+        raise ShoalError(f"{flag} {spec}: no {device.type} device ({build}); train with {flag} cpu, or "
                          "auto to use one where there is one")
     if (device.index or 0) >= count:
-        raise ShoalError(f"--device {spec}: there are {count} {device.type} devices here, numbered from 0")
+        raise ShoalError(f"{flag} {spec}: there are {count} {device.type} devices here, numbered from 0")
     return torch.device(device.type, device.index or 0)
 
 

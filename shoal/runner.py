@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from shoal import devices
 from shoal.errors import Diverged, ShoalError
 from shoal.policy import Moments, set_up_torch, set_weights
 
@@ -77,15 +78,17 @@ class EnvRunner:
             self.nstep = NStep(config.gamma, config.n_step)
         self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs,
                                    EnvOptions.of(config))
+        self.device = devices.resolve(config.runner_device, "--runner-device")  # where the policy copy acts
         self.policy = spec_for(config).make_policy(
-            config, self.env.single_observation_space, self.env.single_action_space)
+            config, self.env.single_observation_space, self.env.single_action_space).to(self.device)
         self.policy.reset_memory(self.env.num_envs)
         self.version = -1
         # Distinct streams per runner, fixed per seed; a restarted runner (incarnation > 0) draws
         # new ones, so an env that failed deterministically does not fail the same way again.
         seed = config.seed + 1000 * (runner_id + 1) + 1_000_003 * incarnation
         self.dropped_episodes = 0  # episodes lost to env failures (and, remotely, to server restarts)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generator = devices.generator(self.device, seed)
         self.obs, _ = self.env.reset(seed=seed)
         self.env.action_space.seed(seed)
         self.ep_return = np.zeros(self.env.num_envs)
@@ -130,7 +133,7 @@ class EnvRunner:
         lengths: list[int] = []
         floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
         discounted = np.empty((num_steps, B)) if self.discounted is not None else None
-        memory = tuple(x.numpy().copy() for x in m.memory) if m.recurrent else None
+        memory = tuple(x.cpu().numpy().copy() for x in m.memory) if m.recurrent else None
         m.start_rollout()
         for t in range(num_steps):
             if raw is not None:
@@ -145,20 +148,23 @@ class EnvRunner:
                     m.memory = tuple(torch.tensor(x) for x in stepped[0])  # copies: Ray's arrays are read-only
                 versions.append(version)
                 a = torch.tensor(a_np)  # a copy: Ray hands back read-only arrays
+                env_a = m.to_env(a)
                 obs[t], logp[t] = xn_np, logp_np
             else:
-                xn = m.normalize(torch.as_tensor(self.obs))
+                xn = m.normalize(self._upload(self.obs))
                 try:
                     a, logp_t = m.explore(xn, self.generator)
                 except Exception as e:  # a NaN in the weights fails sampling (torch.multinomial) here
-                    self._raise_if_diverged(torch.as_tensor(self.obs), error=e)
+                    self._raise_if_diverged(self.obs, error=e)
                     raise
-                obs[t] = xn.numpy()
-                logp[t] = logp_t.numpy()
+                env_a = m.to_env(a)  # (on a GPU: the one wait for its queue a step; the copies after it are ready)
+                a = a.cpu()
+                obs[t] = xn.cpu().numpy()
+                logp[t] = logp_t.cpu().numpy()
             if actions is None:
                 actions = np.empty((num_steps, *a.shape), a.numpy().dtype)
             actions[t] = a.numpy()
-            before, (self.obs, r, term, trunc, info) = self.obs, env.step(m.to_env(a))
+            before, (self.obs, r, term, trunc, info) = self.obs, env.step(env_a)
             if not np.isfinite(r).all() or (floats and not np.isfinite(self.obs).all()):
                 self._check_actions(actions[t], before)  # NaN actions give NaN rewards: the policy's fault
                 self._non_finite(r, self.obs)  # one NaN would reach every weight through the learner
@@ -193,8 +199,8 @@ class EnvRunner:
             last_obs, final_obs = self._central_normalize(final, B)
             self.version = min(versions)
         else:
-            last_obs = m.normalize(torch.as_tensor(self.obs)).numpy()
-            final_obs = (m.normalize(torch.as_tensor(final)).numpy() if len(final)
+            last_obs = m.normalize(self._upload(self.obs)).cpu().numpy()
+            final_obs = (m.normalize(self._upload(final)).cpu().numpy() if len(final)
                          else np.empty((0, *m.input_shape), m.input_dtype))
         return Rollout(
             obs=obs, actions=actions, logp=logp, rewards=rewards,
@@ -222,12 +228,17 @@ class EnvRunner:
         actions from finite observations ``obs`` (the env only passed them on). An env that takes
         NaN actions quietly passes them to replay instead, and the learner's losses name them."""
         if actions.dtype.kind == "f" and not np.isfinite(actions).all():
-            self._raise_if_diverged(torch.as_tensor(obs), "chose NaN or inf actions")
+            self._raise_if_diverged(obs, "chose NaN or inf actions")
 
-    def _raise_if_diverged(self, raw_obs: Tensor, symptom: str | None = None, error: Exception | None = None) -> None:
+    def _upload(self, x: np.ndarray) -> Tensor:
+        """Observations (or other arrays) as a tensor where the policy acts (sharing ``x``'s memory on the CPU)."""
+        return devices.upload(x, self.device)
+
+    def _raise_if_diverged(self, obs: np.ndarray, symptom: str | None = None, error: Exception | None = None) -> None:
         """Raise :class:`Diverged` if the policy, not the env, is at fault: its weights hold NaN or
-        inf, or it computes them (``symptom``, or in a layer's output) from a finite observation.
-        Only called after something failed, so the normal path pays nothing for it."""
+        inf, or it computes them (``symptom``, or in a layer's output) from a finite observation
+        ``obs`` (raw). Only called after something failed, so the normal path pays nothing for it."""
+        raw_obs = self._upload(obs)
         if not all(t.isfinite().all() for t in self.policy.state_dict().values() if t.is_floating_point()):
             what = "holds NaN or inf in its weights"
         elif not raw_obs.isfinite().all():
@@ -252,7 +263,7 @@ class EnvRunner:
         hooks = [module.register_forward_hook(look) for module in self.policy.modules()]
         try:
             with torch.no_grad():
-                self.policy.explore(self.policy.normalize(raw_obs), torch.Generator().manual_seed(0))
+                self.policy.explore(self.policy.normalize(raw_obs), devices.generator(self.device, 0))
         except Exception:
             pass  # sampling from NaN fails: the layers before it have spoken
         finally:
@@ -324,8 +335,8 @@ class EnvRunner:
         batch = self.nstep(r)
         priorities = None
         if self.config.prioritized:
-            p = self.policy.initial_priorities(*(torch.as_tensor(x) for x in batch))
-            priorities = None if p is None else p.numpy()
+            p = self.policy.initial_priorities(*(self._upload(x) for x in batch))
+            priorities = None if p is None else p.cpu().numpy()
         if getattr(self.config, "compress_observations", False):  # here, not in the shard all runners share
             from shoal.replay import compress_rows
 
@@ -341,7 +352,7 @@ class EnvRunner:
             "ep_return": self.ep_return, "ep_length": self.ep_length,
             "nstep": None if self.nstep is None else self.nstep.get_state(),
             "dropped_episodes": self.dropped_episodes, "discounted": self.discounted,
-            "memory": getattr(self.policy, "memory", None),
+            "memory": devices.to_cpu(getattr(self.policy, "memory", None)),
         })
 
     def set_state(self, state: bytes) -> None:
@@ -349,13 +360,16 @@ class EnvRunner:
         s = cloudpickle.loads(state)
         self.env.close()
         self.env, self.obs = s["env"], s["obs"]
-        self.generator.set_state(s["generator"])
+        try:
+            self.generator.set_state(s["generator"])
+        except RuntimeError:  # saved by another device's generator (resumed with another --runner-device)
+            self.generator.manual_seed(self.seed)
         self.ep_return, self.ep_length = s["ep_return"], s["ep_length"]
         self.dropped_episodes = s.get("dropped_episodes", 0)
         if self.discounted is not None and s.get("discounted") is not None:
             self.discounted = s["discounted"]
         if self.policy.recurrent and s.get("memory") is not None:
-            self.policy.memory = s["memory"]
+            self.policy.memory = tuple(x.to(self.device) for x in s["memory"])
         if self.nstep is not None and s.get("nstep") is not None:
             self.nstep.set_state(s["nstep"])
         self.version = -1  # pull the restored weights on the next sample

@@ -5,7 +5,8 @@ Skipped where torch sees no CUDA device (CI has none). Where a GPU is lent, run
 learner of test_device.py's cases trains on the GPU and its checkpoint resumes on the GPU and on
 the CPU; and CUDA's own sync debug mode, which warns at each operation that makes the host wait
 for the GPU's queue (a value read back, a blocking copy either way), finds as many in an
-iteration of 6 gradient steps as of 2.
+iteration of 6 gradient steps as of 2; runners on --runner-device cuda act there, resume on
+either device, and wait for the GPU at most four times a step, with 8 envs as with 1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 
 import shoal
 from shoal.algos import make_config
-from test_device import CASES, QUIET, WAIT_CASES, learner_state
+from test_device import (CASES, OFF_POLICY, QUIET, RUNNER_CASES, WAIT_CASES, learner_state, resume_with_runners_on,
+                         runner_state)
 
 SHOAL = str(Path(shoal.__file__).parent)  # shoal's own files: torch syncs once when first used
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -64,3 +66,38 @@ def test_a_learners_updates_make_the_host_wait_for_the_gpu_no_more_often(algo, e
              for n in (2, 6)}
     print(f"{algo} {env} {more}: " + "; ".join(f"{n}: {sum(s.values())} {dict(s)}" for n, s in syncs.items()))
     assert sum(syncs[2].values()) == sum(syncs[6].values()), syncs
+
+
+@pytest.mark.parametrize("case", RUNNER_CASES)
+def test_runners_act_on_cuda_and_resume_on_either_device(tmp_path, case):
+    algo, env, settings = RUNNER_CASES[case]
+    state, where = runner_state(make_config(algo, env, device="cuda", runner_device="cuda", **QUIET, **settings),
+                                4 if algo == "ppo" else 100, save_to=tmp_path / "ck")
+    assert where == {"cuda"}
+    assert all(np.isfinite(w).all() for w in state["weights"].values())
+    for runner_device in ("cpu", "cuda"):  # a CUDA generator's state does not fit a CPU one: reseeded
+        resume_with_runners_on(tmp_path / "ck", runner_device)
+
+
+def test_a_runner_on_cuda_waits_for_it_at_most_four_times_a_step_with_1_env_or_8():
+    syncs = {}
+    for num_envs in (1, 8):
+        config = make_config("dqn", "MiniGrid-Empty-5x5-v0", device="cuda", runner_device="cuda", **QUIET,
+                             **{**OFF_POLICY, "num_envs_per_runner": num_envs, "buffer_size": 1000})
+        with shoal.make(config) as algo:
+            runner = algo.runners[0].obj
+            runner.sample(1)
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    runner._rollout(10)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+        syncs[num_envs] = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
+                                              if "synchroniz" in str(w.message) and w.filename.startswith(SHOAL))
+    print("runner syncs in 10 steps: " + "; ".join(f"{n} envs: {sum(s.values())} {dict(s)}" for n, s in syncs.items()))
+    # a copy back of the env action, the action, its log-probability and the network input a step; the
+    # last observations' network input, and the final ones' where an episode ended
+    assert max(sum(s.values()) for s in syncs.values()) <= 4 * 10 + 2, syncs

@@ -61,6 +61,14 @@ CASES = {
     "td3-central": ("td3", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
 }
 
+# --runner-device: the runners' policy copies act on the device (learner there too); each of these
+# covers a part of the acting path: images, the observation and reward normalisers, an LSTM's
+# memory, gSDE's held noise, epsilon-greedy, a tanh-Gaussian, clipped noise; Ape-X's runners compute
+# the priorities of what they insert
+RUNNER_CASES = {**{case: CASES[case] for case in ("dqn-images", "ppo", "ppo-lstm", "ppo-sde", "sac", "td3",
+                                                  "ppo-continuous")},
+                "dqn-apex": ("dqn", "CartPole-v1", dict(OFF_POLICY, apex=True, prioritized=True, num_env_runners=2))}
+
 # learners whose iterations must make the host wait for the device no more often with more
 # gradient steps (``more``: the setting that gives them more); tests/test_cuda.py checks them on CUDA
 WAIT_CASES = [
@@ -120,6 +128,62 @@ def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_pat
             resumed.train()
 
 
+def runner_state(config, iterations, save_to=None):
+    """The learner's state after ``iterations``, and the devices the runners' policies are on."""
+    with shoal.make(config) as algo:
+        for _ in range(iterations):
+            algo.train()
+        where = {p.device.type for runner in algo.runners for p in runner.obj.policy.parameters()}
+        if save_to is not None:
+            algo.save(save_to)
+        return algo.backend.get(algo.learner.call("get_state")), where
+
+
+def resume_with_runners_on(checkpoint, runner_device):
+    """Resume ``checkpoint`` with the runners on ``runner_device`` and train an iteration there."""
+    with shoal.load(checkpoint, runner_device=runner_device) as resumed:
+        assert {p.device.type for p in resumed.runners[0].obj.policy.parameters()} == {
+            torch.device(runner_device).type}
+        resumed.train()
+
+
+@pytest.mark.parametrize("case", RUNNER_CASES)
+def test_runners_act_on_a_device_as_they_do_on_the_cpu(fakegpu, tmp_path, case):
+    """Same seeds, the same run: the draws of the device's generator are the CPU's (tests/fake_device.py),
+    so the weights after some iterations are the CPU run's whatever acted."""
+    algo, env, settings = RUNNER_CASES[case]
+    iterations = 4 if algo == "ppo" else 100
+    cpu, where = runner_state(make_config(algo, env, **QUIET, **settings), iterations)
+    assert where == {"cpu"}
+    config = make_config(algo, env, device=fakegpu, runner_device=fakegpu, **QUIET, **settings)
+    device, where = runner_state(config, iterations, save_to=tmp_path / "ck")
+    assert where == {"fakegpu"}
+    tolerance = 1e-4 if "lstm" in case else 1e-6 if "images" in case else 0
+    for k, value in cpu["weights"].items():
+        np.testing.assert_allclose(device["weights"][k].astype(float), value.astype(float), atol=tolerance,
+                                   rtol=0, err_msg=k)
+    for runner_device in ("cpu", fakegpu):  # the runners' state (an LSTM's memory, the RNG) resumes on either
+        resume_with_runners_on(tmp_path / "ck", runner_device)
+
+
+@pytest.mark.parametrize("num_envs", [1, 8])
+def test_a_runner_on_a_device_reads_back_four_values_a_step_whatever_its_envs(fakegpu, num_envs):
+    """The env action, the action, its log-probability and the network input: one copy each per
+    step for all the runner's envs (on a GPU the first waits for the forward pass, and the others
+    find their data ready), and no upload that blocks."""
+    config = make_config("dqn", "MiniGrid-Empty-5x5-v0", device="cpu", runner_device=fakegpu, **QUIET,
+                         **{**OFF_POLICY, "num_envs_per_runner": num_envs, "buffer_size": 1000})
+    with shoal.make(config) as algo:
+        runner = algo.runners[0].obj
+        runner.sample(1)  # the weights loaded
+        before, uploads = fake_device.host_reads, fake_device.blocking_uploads
+        rollout = runner.sample(10)
+        reads = fake_device.host_reads - before
+    assert fake_device.blocking_uploads == uploads
+    ended = len(rollout.final_idx) > 0  # then the final observations' network inputs, all in one copy
+    assert reads == 4 * 10 + 1 + ended, reads  # and the last observations' network inputs
+
+
 def _leaves(tree):
     if isinstance(tree, dict):
         return [x for v in tree.values() for x in _leaves(v)]
@@ -134,20 +198,27 @@ def test_device_auto_is_the_cpu_without_cuda_and_cuda_without_one_fails_in_one_l
         assert algo.learner.obj.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    run = tmp_path / "run"
-    code = main(["train", "ppo", "--env", "CartPole-v1", "--device", "cuda", "--run-dir", str(run), "--no-progress"])
-    err = capsys.readouterr().err
-    assert code != 0
-    assert "--device cuda: no cuda device" in err and "--device cpu" in err and "Traceback" not in err
-    assert not run.exists()
+    for flag in ("--device", "--runner-device"):
+        run = tmp_path / flag
+        code = main(["train", "ppo", "--env", "CartPole-v1", flag, "cuda", "--run-dir", str(run), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code != 0
+        assert f"{flag} cuda: no cuda device" in err and f"{flag} cpu" in err and "Traceback" not in err
+        assert not run.exists()
 
 
 def test_device_names_are_checked_where_the_config_is_made():
     for name in ("gpu", "mps"):
         with pytest.raises(ConfigError, match=f"--device must be cpu, cuda, cuda:N or auto, got '{name}'"):
             make_config("ppo", "CartPole-v1", device=name)
+        with pytest.raises(ConfigError, match=f"--runner-device must be cpu, cuda, cuda:N or auto, got '{name}'"):
+            make_config("ppo", "CartPole-v1", runner_device=name)
     with pytest.raises(ConfigError, match="on the ray backend the learner uses the GPU Ray gives it"):
         make_config("ppo", "CartPole-v1", device="cuda:1", backend="ray")
+    with pytest.raises(ConfigError, match="--runner-device cuda:1: on the ray backend runners use the GPU share"):
+        make_config("ppo", "CartPole-v1", runner_device="cuda:1", backend="ray")
+    with pytest.raises(ConfigError, match="--runner-device cuda cannot be combined with --inference central"):
+        make_config("ppo", "CartPole-v1", runner_device="cuda", inference="central")
     if torch.cuda.is_available():  # (the stand-in device stays out: tests/conftest.py)
         return
     with pytest.raises(ShoalError, match="there are 1 fakegpu devices here, numbered from 0"):
@@ -155,20 +226,26 @@ def test_device_names_are_checked_where_the_config_is_made():
         shoal.devices.resolve("fakegpu:3")
 
 
-@pytest.mark.parametrize("device, cluster_gpus, central, asks", [
-    ("cpu", 2, False, (0, 0)), ("auto", 0, False, (0, 0)), ("auto", 2, False, (1, 0)), ("cuda", 1, False, (1, 0)),
-    ("cuda", 1, True, (0.5, 0.25)), ("cpu", 1, True, (0, 0)), ("cuda", 0, False, None)])
-def test_a_ray_learner_and_inference_servers_ask_for_a_gpu_when_the_device_needs_one(device, cluster_gpus, central,
-                                                                                     asks):
+@pytest.mark.parametrize("device, runner_device, cluster_gpus, central, asks", [
+    ("cpu", "cpu", 2, False, (0, 0, 0)), ("auto", "cpu", 0, False, (0, 0, 0)), ("auto", "cpu", 2, False, (1, 0, 0)),
+    ("cuda", "cpu", 1, False, (1, 0, 0)), ("cuda", "cpu", 1, True, (0.5, 0.25, 0)), ("cpu", "cpu", 1, True, (0, 0, 0)),
+    ("cuda", "cpu", 0, False, None),
+    # runners on the GPU: a half of the learner's, or a whole one shared where the learner is on the CPU
+    ("cuda", "cuda", 1, False, (0.5, 0, 0.25)), ("cpu", "cuda", 1, False, (0, 0, 0.5)),
+    ("auto", "auto", 1, False, (0.5, 0, 0.25)), ("auto", "auto", 0, False, (0, 0, 0)), ("cpu", "cuda", 0, False, None)])
+def test_ray_roles_ask_for_a_gpu_share_when_their_device_needs_one(device, runner_device, cluster_gpus, central,
+                                                                   asks):
     backend = RayBackend.__new__(RayBackend)  # its resource figures only, without starting Ray
-    backend.config = make_config("ppo", "CartPole-v1", device=device, backend="ray", num_env_runners=2,
+    backend.config = make_config("ppo", "CartPole-v1", device=device, runner_device=runner_device, backend="ray",
+                                 num_env_runners=2,
                                  **(dict(inference="central", num_inference_servers=2) if central else {}))
     backend.cpus, backend.gpus = 2.0, float(cluster_gpus)
     if asks is None:
-        with pytest.raises(ShoalError, match="--device cuda: the Ray cluster has no GPU"):
-            backend.learner_gpus()
+        flag = "--device" if device == "cuda" else "--runner-device"
+        with pytest.raises(ShoalError, match=f"{flag} cuda: the Ray cluster has no GPU"):
+            backend.learner_gpus(), backend.runner_gpus()
     else:
-        assert (backend.learner_gpus(), backend.inference_gpus()) == asks
+        assert (backend.learner_gpus(), backend.inference_gpus(), backend.runner_gpus()) == asks
 
 
 @pytest.mark.parametrize("algo, env, more, settings", WAIT_CASES)

@@ -118,19 +118,19 @@ class QNetwork(PolicyModule):
         legal = self.legal(x) if legal is None else legal
         return q if legal is None else q.masked_fill(~legal, torch.finfo(q.dtype).min)
 
-    def _epsilon_greedy(self, x: Tensor, epsilon: float, generator: torch.Generator | None) -> Tensor:
+    def _epsilon_greedy(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
         n, legal = x.shape[0], self.legal(x)
         greedy = self.legal_q(x, legal=legal).argmax(-1)
         random = (torch.randint(0, self.action_dim, (n,), generator=generator, device=x.device) if legal is None
                   else torch.multinomial(legal.float(), 1, generator=generator).squeeze(-1))
-        explore = torch.rand(n, generator=generator, device=x.device) < epsilon
+        explore = torch.rand(n, generator=generator, device=x.device) < self.epsilon  # (a tensor: no wait on a GPU)
         return torch.where(explore, random, greedy)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return self._epsilon_greedy(x, float(self.epsilon), generator), x.new_zeros(x.shape[0])
+        return self._epsilon_greedy(x, generator), x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self.legal_q(x).argmax(-1) if deterministic else self._epsilon_greedy(x, float(self.epsilon), generator)
+        return self.legal_q(x).argmax(-1) if deterministic else self._epsilon_greedy(x, generator)
 
 
 def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q_online: Tensor | None) -> Tensor:
