@@ -80,6 +80,14 @@ def checkpoints_in(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+class CheckpointPending(ShoalError):
+    """A run directory whose run has not written a checkpoint yet; ``when`` says when it will."""
+
+    def __init__(self, message: str, when: str):
+        super().__init__(message)
+        self.when = when
+
+
 def resolve(path: str | Path) -> Path:
     """A checkpoint directory from a checkpoint or run directory: the run's newest periodic
     checkpoint, or its ``best`` when it stopped before writing a periodic one."""
@@ -100,9 +108,10 @@ def resolve(path: str | Path) -> Path:
             interval = f"{int(read_yaml(p / 'config.yaml')['checkpoint_interval']):,}"
         except (ShoalError, KeyError, TypeError, ValueError):
             interval = "checkpoint_interval"
-        raise ShoalError(f"no complete checkpoint in {p} yet (looked in {p / 'checkpoints'}): its run writes one "
-                         f"every {interval} env steps, its best at the first evaluation that sets one, and a "
-                         "last one when it ends; try again then")
+        when = (f"its run writes one every {interval} env steps, its best at the first evaluation that sets one, "
+                "and a last one when it ends")
+        raise CheckpointPending(f"no complete checkpoint in {p} yet (looked in {p / 'checkpoints'}): {when}; try "
+                                "again then", when)
     raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 

@@ -474,7 +474,8 @@ class ServePolicyArgs:
     """An id for each path, in order (default: `default` for one path, else the directory names)."""
     follow: bool = False
     """Swap in newer weights as they come: from the trainer's weight store while a run on the ray
-    backend is going (each version the learner publishes), else each newer checkpoint."""
+    backend is going (each version the learner publishes), else each newer checkpoint. A run that
+    has not written its first checkpoint yet is waited for."""
     max_batch: int = 64
     """Requests gathered into one forward pass, at most."""
     max_wait_ms: float = 2.0
@@ -512,12 +513,38 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
     ids = args.policy_id or (("default",) if len(args.paths) == 1 else tuple(Path(p).name for p in args.paths))
     if len(set(ids)) != len(ids):
         raise ShoalError(f"policy ids must differ: {', '.join(ids)} (use --policy-id)")
+    if args.follow:
+        _wait_for_first_checkpoints(args.paths, console)
     server = PolicyServer(dict(zip(ids, args.paths)), follow=args.follow, max_batch=args.max_batch,
                           max_wait_ms=args.max_wait_ms, host=args.host, port=args.port,
                           token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                           tls_cert=args.tls_cert, tls_key=args.tls_key, device=args.device)
     versions = ", ".join(f"{pid} (version {p.version})" for pid, p in server.policies.items())
     return _serve(server, console, f"serving {versions}" + (", following their runs" if args.follow else ""))
+
+
+def _wait_for_first_checkpoints(paths: tuple[str, ...], console: Console, poll_s: float = 1.0) -> None:
+    """`serve-policy --follow` of a local run started a moment ago: wait (saying so once) until each
+    run has written a checkpoint to serve. A ray run's weight store is followed from the start."""
+    import time
+    from pathlib import Path
+
+    from shoal import checkpoint as ckpt
+    from shoal.rundir import LIVE
+
+    for path in paths:
+        said = False
+        while not (Path(path) / LIVE).is_file():
+            try:
+                ckpt.resolve(path)
+                break
+            except ckpt.CheckpointPending as e:
+                if not said:
+                    console.print(f"waiting for the first checkpoint of {path}: {e.when}; Ctrl-C stops",
+                                  highlight=False)
+                    sys.stdout.flush()
+                    said = True
+                time.sleep(poll_s)
 
 
 def _serve(server: Any, console: Console, what: str) -> int:

@@ -220,3 +220,35 @@ def test_a_run_directory_without_a_checkpoint_yet_says_when_one_comes(tmp_path):
     (tmp_path / "other").mkdir()  # not a run directory: no promise of a checkpoint to come
     with pytest.raises(ShoalError, match=r"no complete checkpoint in .*other \(looked in .*checkpoints\)$"):
         ckpt.resolve(tmp_path / "other")
+
+
+def test_serve_policy_follow_waits_for_a_local_runs_first_checkpoint(tiny, tmp_path):
+    """`shoal train` in one terminal, `shoal serve-policy RUN --follow` in another at once: the
+    server says it waits for the run's first checkpoint, then serves it."""
+    import shutil
+
+    from shoal.remote.policyserver import PolicyClient
+
+    done = tmp_path / "done"
+    shoal.train(tiny(total_steps=128), run_dir=done)
+    run = tmp_path / "run"  # a run that has written its config and nothing else yet
+    run.mkdir()
+    shutil.copy(done / "config.yaml", run / "config.yaml")
+    server = _shoal("serve-policy", str(run), "--follow", "--port", "0")
+    client = None
+    try:
+        first = server.stdout.readline()
+        assert first.startswith(f"waiting for the first checkpoint of {run}: its run writes one every "), first
+        time.sleep(1.5)  # still waiting, and still up
+        assert server.poll() is None
+        shutil.copytree(done / "checkpoints", run / "checkpoints.tmp")
+        (run / "checkpoints.tmp").rename(run / "checkpoints")  # the checkpoint appears whole, as the run writes it
+        line = server.stdout.readline()
+        assert line.startswith("serving default (version 2), following their runs on "), line
+        client = PolicyClient(line.split(" on ")[1].split()[0])
+        assert client.act(np.zeros((1, 4), np.float32))[1] == 2
+    finally:
+        if client is not None:
+            client.close()
+        server.terminate()
+        server.wait(timeout=30)
