@@ -265,18 +265,23 @@ class RayBackend:
             raise RoleFailed(f"{type(e).__name__}: {lines[-1][:300] if lines else e}") from e
 
     def wait_for_runners(self, pings: list[Any]) -> None:
-        """Wait for the runners' first replies. A runner asking for more CPUs than are free waits,
-        silently in Ray, until they free up (another run on the cluster, or another Algorithm in
-        this process, holds them): say so once, then go on waiting, as a queued trial does."""
+        """Wait for the runners' first replies. A runner asking for more CPUs (or, on
+        --runner-device cuda, more of a GPU) than are free waits, silently in Ray, until they free
+        up (another run on the cluster, or another Algorithm in this process, holds them): say so
+        once, then go on waiting, as a queued trial does."""
         import ray
 
         _, pending = ray.wait(pings, num_returns=len(pings), timeout=RUNNER_START_WARN_S)
-        cpus = self.runner_cpus()
-        if pending and cpus > (free := ray.available_resources().get("CPU", 0.0)):
-            logging.getLogger("shoal").warning(
-                "%d of %d runners wait for CPUs: each asks for %g, and the Ray cluster has %g of %g free (another "
-                "run, or another shoal Algorithm in this process, holds them); they start when CPUs free up, or "
-                "stop this run and give it fewer --num-env-runners", len(pending), len(pings), cpus, free, self.cpus)
+        if pending:
+            free = ray.available_resources()
+            for key, ask, total, fewer in (("CPU", self.runner_cpus(), self.cpus, "fewer --num-env-runners"),
+                                           ("GPU", self.runner_gpus(), self.gpus, "--runner-device cpu")):
+                if ask > free.get(key, 0.0):
+                    logging.getLogger("shoal").warning(
+                        "%d of %d runners wait for %ss: each asks for %g, and the Ray cluster has %g of %g free "
+                        "(another run, or another shoal Algorithm in this process, holds them); they start when "
+                        "%ss free up, or stop this run and give it %s", len(pending), len(pings), key, ask,
+                        free.get(key, 0.0), total, key, fewer)
         self.get(pings)
 
     def wait_any(self, futures: list[Any]) -> int:

@@ -317,3 +317,28 @@ def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(f
     finally:
         client.close()
         server.stop(grace=0)
+
+
+def test_ray_runners_waiting_for_a_gpu_share_say_so(monkeypatch, caplog):
+    """Runners on --runner-device cuda whose GPU share another run holds wait, silently in Ray:
+    the backend says what they wait for (the resource figures alone: CI has no GPU for Ray)."""
+    import logging
+
+    import ray
+
+    import shoal.backends
+
+    backend = RayBackend.__new__(RayBackend)
+    backend.config = make_config("ppo", "CartPole-v1", device="cuda", runner_device="cuda", backend="ray",
+                                 num_env_runners=2)
+    backend.cpus, backend.gpus = 4.0, 1.0
+    monkeypatch.setattr(shoal.backends, "RUNNER_START_WARN_S", 0.0)
+    monkeypatch.setattr(ray, "wait", lambda pings, **_: ([], pings))  # both still starting
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 4.0, "GPU": 0.2})
+    monkeypatch.setattr(RayBackend, "get", lambda self, futures: futures)
+    with caplog.at_level(logging.WARNING, logger="shoal"):
+        backend.wait_for_runners(["ping-0", "ping-1"])
+    assert ("2 of 2 runners wait for GPUs: each asks for 0.25, and the Ray cluster has 0.2 of 1 free (another run, "
+            "or another shoal Algorithm in this process, holds them); they start when GPUs free up, or stop this run "
+            "and give it --runner-device cpu") in caplog.text
+    assert "wait for CPUs" not in caplog.text
