@@ -144,7 +144,8 @@ class Config:
         for flag, spec, role in (("--device", self.device, "the learner uses the GPU Ray gives it"),
                                  ("--runner-device", self.runner_device, "runners use the GPU share Ray gives them")):
             _check(named(spec), f"{flag} must be cpu, cuda, cuda:N or auto, got {spec!r}")
-            _check(self.backend != "ray" or ":" not in spec, f"{flag} {spec}: on the ray backend {role}: give {flag} cuda")
+            _check(self.backend != "ray" or ":" not in spec,
+                   f"{flag} {spec}: on the ray backend {role}: give {flag} cuda")
         _check(self.runner_device == "cpu" or self.inference == "local", f"--runner-device {self.runner_device} "
                "cannot be combined with --inference central: the runners then hold no policy, and the inference "
                "servers act on --device")
