@@ -1,7 +1,9 @@
-"""Where learners (and central inference servers) compute: ``--device``.
+"""Where learners (and central inference servers) compute, ``--device``, and where runners act,
+``--runner-device``.
 
-Runners and evaluators act on the CPU; a learner's networks, optimiser and noise live on its
-device, and everything it hands back is on the CPU. Tests swap :func:`generator` for a stand-in
+Runners act on the CPU unless --runner-device says otherwise, and evaluators always do; a
+learner's networks, optimiser and noise live on its device, and everything it hands back is on
+the CPU (a runner's rollouts too, wherever it acts). Tests swap :func:`generator` for a stand-in
 device's (tests/fake_device.py), so roles call it through this module.
 """
 
