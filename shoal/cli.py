@@ -12,8 +12,9 @@ import io
 import os
 import re
 import sys
+import types
 from dataclasses import dataclass
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, Union, get_args, get_origin
 
 import tyro
 import tyro._docstrings
@@ -47,18 +48,37 @@ def _whole_numbers(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructo
     config files do; tyro's own rule calls ``int()``, which refuses it."""
     if info.type is not int:
         return None
-
-    def parse(args: list[str]) -> int:
-        from shoal.config import _number
-
-        value = _number(int, args[0])
-        if not isinstance(value, int):
-            raise ValueError(f"{args[0]!r} is not a whole number")
-        return value
-
     return tyro.constructors.PrimitiveConstructorSpec(
-        nargs=1, metavar="INT", instance_from_str=parse,
+        nargs=1, metavar="INT", instance_from_str=lambda args: _whole_number(args[0]),
         is_instance=lambda x: isinstance(x, int) and not isinstance(x, bool), str_from_instance=lambda x: [str(x)])
+
+
+def _whole_number(text: str) -> int:
+    from shoal.config import _number
+
+    value = _number(int, text)
+    if not isinstance(value, int):
+        raise ValueError(f"{text!r} is not a whole number")
+    return value
+
+
+@_NUMBERS.primitive_rule
+def _optional(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.PrimitiveConstructorSpec | None:
+    """An optional number or text (``--stop-return FLOAT``, default None) is shown as its type, where
+    tyro shows ``{None}|FLOAT``, which reads as if None were the value to give; ``None`` is still
+    taken."""
+    if get_origin(info.type) not in (Union, types.UnionType):
+        return None
+    kinds = [t for t in get_args(info.type) if t is not type(None)]
+    if len(kinds) != 1 or len(get_args(info.type)) != 2 or kinds[0] not in (int, float, str):
+        return None
+    kind = kinds[0]
+    parse = _whole_number if kind is int else kind
+    return tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1, metavar=kind.__name__.upper(),
+        instance_from_str=lambda args: None if args[0] == "None" else parse(args[0]),
+        is_instance=lambda x: x is None or (isinstance(x, kind) and not isinstance(x, bool)),
+        str_from_instance=lambda x: [str(x)])
 
 
 def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:

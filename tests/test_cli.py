@@ -292,6 +292,15 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     assert (c.total_steps, c.hidden_sizes, c.lr) == (100_000, (100, 64), 5e-4) and isinstance(c.total_steps, int)
     with pytest.raises(ShoalError, match=r"^Error parsing --total-steps: '2.5' is not a whole number"):
         _parse(PPOConfig, ["--total-steps", "2.5"], "shoal train ppo", default=PPOConfig())
+    # optional ones too, None still taken; a mistake names the type alone (tyro listed each member of the union)
+    c = _parse(PPOConfig, ["--frame-stack", "4e0", "--stop-return", "None", "--run-dir", "r"], "shoal train ppo",
+               default=PPOConfig(stop_return=400.0))
+    assert (c.frame_stack, c.stop_return, c.run_dir) == (4, None, "r") and isinstance(c.frame_stack, int)
+    assert _parse(PPOConfig, ["--stop-return", "4e2"], "shoal train ppo", default=PPOConfig()).stop_return == 400.0
+    for flag, value, message in (("--frame-stack", "2.5", "'2.5' is not a whole number"),
+                                 ("--stop-return", "high", "could not convert string to float: 'high'")):
+        with pytest.raises(ShoalError, match=rf"^Error parsing {flag}: {message} \(see shoal train ppo --help\)$"):
+            _parse(PPOConfig, [flag, value], "shoal train ppo", default=PPOConfig())
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -560,6 +569,8 @@ def test_help_lists_every_field_and_the_listing_commands(capsys):
                  "--env-kwargs"):
         assert flag in out, flag
     assert "Discount factor" in out  # field docstrings become help text
+    # an optional flag shows its type, not tyro's {None}|FLOAT (as if None were the value to give)
+    assert "--stop-return FLOAT" in out and "--frame-stack INT" in out and "{None}" not in out
     code, out, _ = run_cli(capsys, "algos")
     assert code == 0 and "ppo" in out and "CartPole-v1" in out
     code, out, _ = run_cli(capsys, "envs")
