@@ -93,12 +93,13 @@ def fakegpu(monkeypatch):
         yield fake_device.DEVICE
 
 
-def learner_state(config, iterations, save_to=None):
+def learner_state(config, iterations, save_to=None, roles=lambda algo: [algo.learner, *algo.inference]):
+    """The learner's state after ``iterations``, and the devices the policies of ``roles`` are on
+    (the learner's and the inference servers', by default)."""
     with shoal.make(config) as algo:
         for _ in range(iterations):
             algo.train()
-        policies = [algo.learner.obj.policy, *(server.obj.policy for server in algo.inference)]
-        devices = {p.device.type for policy in policies for p in policy.parameters()}
+        devices = {p.device.type for role in roles(algo) for p in role.obj.policy.parameters()}
         if save_to is not None:
             algo.save(save_to)
         return algo.backend.get(algo.learner.call("get_state")), devices
@@ -130,13 +131,7 @@ def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_pat
 
 def runner_state(config, iterations, save_to=None):
     """The learner's state after ``iterations``, and the devices the runners' policies are on."""
-    with shoal.make(config) as algo:
-        for _ in range(iterations):
-            algo.train()
-        where = {p.device.type for runner in algo.runners for p in runner.obj.policy.parameters()}
-        if save_to is not None:
-            algo.save(save_to)
-        return algo.backend.get(algo.learner.call("get_state")), where
+    return learner_state(config, iterations, save_to, roles=lambda algo: algo.runners)
 
 
 def resume_with_runners_on(checkpoint, runner_device):
