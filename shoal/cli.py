@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn, Union, get_args, get_origin
 
 import tyro
+import tyro._arguments
 import tyro._docstrings
+import tyro._fmtlib
 import tyro.constructors
 from rich.console import Console
 from rich.table import Table
@@ -38,6 +40,27 @@ def _cleaned_field_docs(read):
 
 
 tyro._docstrings.parse_docstring_from_object = _cleaned_field_docs(tyro._docstrings.parse_docstring_from_object)
+
+
+def _default_said_once(generate):
+    """tyro 1.0.16 ends every optional flag's help with ``(default: X)``. Where the help already
+    says ``default: ...``, tyro's contradicts it (``--run-dir ... (default: runs/ALGO-ENV-TIME).
+    (default: None)``); where the default is an empty list it says nothing (``RUN_DIR [RUN_DIR
+    ...] Run directories. (default: )``). Drop tyro's hint in those two cases."""
+
+    def helptext(arg, lowered, compact: bool = False):
+        text = generate(arg, lowered, compact)
+        *rest, hint = text._segments
+        hint = hint if isinstance(hint, str) else hint.as_str_no_ansi()
+        own = arg.field.helptext() if callable(arg.field.helptext) else arg.field.helptext
+        if hint.startswith("(default:") and (hint == "(default: )" or "default:" in (own or "").lower()):
+            return tyro._fmtlib.text(*rest[:-1])  # the hint and the space before it
+        return text
+
+    return helptext
+
+
+tyro._arguments.generate_argument_helptext = _default_said_once(tyro._arguments.generate_argument_helptext)
 
 _NUMBERS = tyro.constructors.ConstructorRegistry()
 

@@ -588,6 +588,24 @@ def test_a_docstring_wrapped_in_the_source_is_one_paragraph_of_help(capsys, monk
     assert "usage: shoal serve-env [-h] [OPTIONS] ENV_ID" in capsys.readouterr().out
 
 
+def test_help_says_a_default_once(capsys):
+    """tyro's ``(default: X)`` is dropped where a flag's own help says its default, or the default
+    is an empty list; it stays everywhere else."""
+    def help_of(*argv: str) -> str:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        return " ".join(capsys.readouterr().out.replace("│", " ").split())
+
+    out = help_of("train", "ppo")
+    assert "(default: runs/ALGO-ENV-TIME). --" in out and "(default: runs/ALGO-ENV-TIME). (default" not in out
+    assert "else none (1). --" in out  # --frame-stack's help says "Default: 4 for Atari games"
+    assert "Stop early once the mean evaluation return reaches this value. (default: None)" in out  # no own
+    assert "rl-zoo's gSDE settings use). (default: True)" in out  # "torch's default" is not its own
+    for command in ("plot", "serve-env", "serve-policy"):
+        out = help_of(command)
+        assert "(default: )" not in out and "(default:" in out, out
+
+
 def test_help_into_a_pipe_whose_reader_left_ends_quietly():
     """`shoal train ppo --help | head -1`: head exits first; shoal's writes then fail with EPIPE."""
     read, write = os.pipe()
