@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from shoal.errors import ShoalError
@@ -57,9 +58,14 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
 
 
 def upload(x: Any, device: torch.device) -> torch.Tensor:
-    """``x`` (an array or a CPU tensor) as a tensor on ``device``; on the CPU, sharing its memory.
-    A copy to a GPU is queued without waiting for the work queued before it, as a blocking one
-    would (CUDA stages pageable memory before the call returns, so ``x`` may go at once)."""
+    """``x`` (an array or a CPU tensor) as a tensor on ``device``; on the CPU, sharing its memory,
+    but for a read-only array's (one Ray's object store hands out, such as the runners'
+    observation statistics a learner merges), which is copied: torch warns that a tensor must not
+    share it, and a write through one would not be refused. A copy to a GPU is queued without
+    waiting for the work queued before it, as a blocking one would (CUDA stages pageable memory
+    before the call returns, so ``x`` may go at once)."""
+    if isinstance(x, np.ndarray) and not x.flags.writeable:
+        x = x.copy()
     return torch.as_tensor(x).to(device, non_blocking=True)
 
 

@@ -187,6 +187,20 @@ def _leaves(tree):
     return [tree]
 
 
+def test_an_upload_to_the_cpu_shares_a_writable_arrays_memory_and_copies_a_read_only_ones():
+    """A read-only array (Ray's object store hands them out: a learner merging a runner's
+    observation statistics met one) must not back a tensor; torch warned of it on every such run."""
+    cpu = torch.device("cpu")
+    writable = np.arange(4.0)
+    assert shoal.devices.upload(writable, cpu).data_ptr() == writable.ctypes.data
+    read_only = np.arange(4.0)
+    read_only.flags.writeable = False
+    tensor = shoal.devices.upload(read_only, cpu)
+    assert tensor.data_ptr() != read_only.ctypes.data and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+    tensor += 1  # its own memory
+    assert read_only.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_device_auto_is_the_cpu_without_cuda_and_cuda_without_one_fails_in_one_line(capsys, tmp_path):
     config = make_config("ppo", "CartPole-v1", device="auto", **QUIET, **ON_POLICY, minibatch_size=32)
     with shoal.make(config) as algo:
