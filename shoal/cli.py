@@ -275,8 +275,9 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.config import parse_set
 
     args = _parse(EvalArgs, _gather(argv, "--env-kwargs"), "shoal eval")
-    if args.episodes < 1 or args.max_steps < 1:
-        raise ShoalError("--episodes and --max-steps must be at least 1")
+    for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
+        if value < 1:
+            raise ShoalError(f"{flag} must be at least 1, got {value}")
     if args.seed < 0:
         raise ShoalError("--seed must be 0 or more (Gymnasium takes no negative seeds)")
     if args.deterministic and args.stochastic:

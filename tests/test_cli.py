@@ -497,6 +497,8 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "ppo", "--seed", "-1"], "seed must be 0 or more"),
     (["train", "ppo", "--set", "hidden_sizes=[64,"], "--set hidden_sizes=[64,: the value is not valid YAML"),
     (["eval", ".", "--seed", "-1"], "--seed must be 0 or more"),
+    (["eval", ".", "--max-steps", "0"], "--max-steps must be at least 1, got 0"),
+    (["eval", ".", "--episodes", "-2"], "--episodes must be at least 1, got -2"),
     (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),
 ])
 @pytest.mark.parametrize("utf8_boxes", [False, True])  # tyro draws its box in ASCII unless stdout is UTF-8
