@@ -104,6 +104,17 @@ def _optional(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.Pr
         str_from_instance=lambda x: [str(x)])
 
 
+_RULES = {"positive": lambda v: v > 0, "at least 0": lambda v: v >= 0, "at least 1": lambda v: v >= 1}
+
+
+def _check_flags(*flags: tuple[str, float, str]) -> None:
+    """Refuse the first of these numeric flags that breaks its rule (a key of ``_RULES``), naming it
+    and the value given."""
+    for flag, value, rule in flags:
+        if not _RULES[rule](value):
+            raise ShoalError(f"{flag} must be {rule}, got {value:g}")
+
+
 def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
     """``tyro.cli``, with a rejected command line as one line (a ShoalError) like every other
     mistake: tyro draws a box of 4-10 lines. ``--help`` still prints and exits as tyro does."""
@@ -275,9 +286,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.config import parse_set
 
     args = _parse(EvalArgs, _gather(argv, "--env-kwargs"), "shoal eval")
-    for flag, value in (("--episodes", args.episodes), ("--max-steps", args.max_steps)):
-        if value < 1:
-            raise ShoalError(f"{flag} must be at least 1, got {value}")
+    _check_flags(("--episodes", args.episodes, "at least 1"), ("--max-steps", args.max_steps, "at least 1"))
     if args.seed < 0:
         raise ShoalError("--seed must be 0 or more (Gymnasium takes no negative seeds)")
     if args.deterministic and args.stochastic:
@@ -492,8 +501,9 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     from shoal.config import parse_set
 
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
-    if args.max_sessions < 1 or args.session_timeout_s <= 0 or args.max_message_mb <= 0:
-        raise ShoalError("--max-sessions, --session-timeout-s and --max-message-mb must be positive")
+    _check_flags(("--max-sessions", args.max_sessions, "at least 1"),
+                 ("--session-timeout-s", args.session_timeout_s, "positive"),
+                 ("--max-message-mb", args.max_message_mb, "positive"))
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
                        env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
                        env_options=EnvOptions(args.frame_stack, args.info_action_mask),
@@ -552,8 +562,8 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
         raise ShoalError("name at least one run directory or checkpoint: shoal serve-policy RUN_DIR")
     if args.policy_id and len(args.policy_id) != len(args.paths):
         raise ShoalError(f"give one --policy-id per path ({len(args.paths)}), got {len(args.policy_id)}")
-    if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_message_mb <= 0:
-        raise ShoalError("--max-batch and --max-message-mb must be positive, --max-wait-ms at least 0")
+    _check_flags(("--max-batch", args.max_batch, "at least 1"), ("--max-wait-ms", args.max_wait_ms, "at least 0"),
+                 ("--max-message-mb", args.max_message_mb, "positive"))
     ids = args.policy_id or (("default",) if len(args.paths) == 1 else tuple(Path(p).name for p in args.paths))
     if len(set(ids)) != len(ids):
         raise ShoalError(f"policy ids must differ: {', '.join(ids)} (use --policy-id)")
