@@ -771,7 +771,7 @@ class Policy:
         if any(m.shape != ((width,) if single else (len(x), width)) for m in hc):
             raise ShoalError(f"memory of shapes {[m.shape for m in hc]} for {len(x)} observation(s): this policy "
                              f"takes h and c of {width} numbers per observation (2 x lstm_size)")
-        h, c = (torch.as_tensor(m.reshape(len(x), width), device=self.device) for m in hc)
+        h, c = (devices.upload(m.reshape(len(x), width), self.device) for m in hc)
         actions, h, c = self.module.act_with_memory(x, (h, c), deterministic, generator)
         actions, h, c = self.module.to_env(actions), h.cpu().numpy(), c.cpu().numpy()
         return (actions[0], (h[0], c[0])) if single else (actions, (h, c))
@@ -792,7 +792,7 @@ class Policy:
                     "policy.make_env() gives its env stacking them)" if stack > 1 else "")
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape}{hint} "
                              f"or a batch of shape (N, {', '.join(map(str, shape))})")
-        return self.module.normalize(torch.as_tensor(obs[None] if single else obs, device=self.device)), single
+        return self.module.normalize(devices.upload(obs[None] if single else obs, self.device)), single
 
     def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:
         """Observations [N, width] or [width] with their mask in the last entries (see :meth:`act`)."""

@@ -1,5 +1,8 @@
 """Policy pieces: the normaliser's merge, the fast log-prob path, deployment ``act``, gradient clipping."""
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -61,6 +64,23 @@ def test_act_accepts_one_observation_or_a_batch_and_respects_bounds():
     for wrong in (np.zeros(4), np.zeros((2, 4)), np.zeros((2, 2, 3)), np.zeros(())):
         with pytest.raises(ShoalError, match=r"this policy takes one of shape \(3,\) or a batch of shape \(N, 3\)"):
             discrete.act(wrong)
+
+
+def test_a_policy_acts_on_read_only_arrays_without_torchs_warning():
+    """Arrays decoded from bytes (``np.frombuffer``, as a caller reading observations off a network
+    gets them) are read-only; ``act`` must copy them, not make a tensor over them, which torch
+    warns of once a process (hence a fresh one, with warnings as errors)."""
+    code = (
+        "import gymnasium as gym, numpy as np\n"
+        "from shoal.policy import ActorCritic, Policy\n"
+        "def read_only(shape):\n"
+        "    return np.frombuffer(np.zeros(shape, np.float32).tobytes(), np.float32).reshape(shape)\n"
+        "box = gym.spaces.Box(-1, 1, (3,))\n"
+        "Policy(ActorCritic(box, gym.spaces.Discrete(2))).act(read_only((2, 3)))\n"
+        "recurrent = Policy(ActorCritic(box, gym.spaces.Discrete(2), lstm_size=4))\n"
+        "recurrent.act_with_memory(np.zeros((2, 3), np.float32), (read_only((2, 8)), read_only((2, 8))))\n")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_dqn_initial_priorities_are_the_actor_copys_td_errors():
