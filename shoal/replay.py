@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from shoal import devices
 from shoal.runner import Rollout
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class Transitions(NamedTuple):
     def as_tensors(self) -> Transitions:
         """A batch of NumPy columns with them wrapped as tensors (no copy, unless an array arrived
         read-only, as Ray's deserialised arrays do)."""
-        return Transitions(*(torch.from_numpy(a if a.flags.writeable else a.copy()) for a in self[:6]), self.indices)
+        return Transitions(*(devices.upload(a, torch.device("cpu")) for a in self[:6]), self.indices)
 
     def to(self, device: torch.device) -> Transitions:
         """The batch's tensors on ``device`` (itself on the CPU)."""
