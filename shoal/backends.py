@@ -433,6 +433,18 @@ def _registering(spec: Any) -> Any:
     return register_script_env
 
 
+def ray_destination(config: Any) -> str:
+    """Where ``--backend ray`` will run ``config``'s roles, in words: the cluster this process
+    already runs, the one ``--address`` (or a Ray Job's ``RAY_ADDRESS``) names, or a new local one."""
+    import sys
+
+    ray = sys.modules.get("ray")  # not imported for this: `import ray` alone takes seconds
+    if ray is not None and ray.is_initialized():
+        return "the Ray cluster this process already runs"
+    address = config.address or _job_address()
+    return f"the Ray cluster at {address}" if address else "a new local Ray cluster"
+
+
 def _job_address() -> str | None:
     """The cluster a Ray Job's entrypoint runs on: Ray sets ``RAY_ADDRESS`` to its GCS's host:port
     there (``ray job submit -- shoal train ... --backend ray``), and a bare ``ray.init()`` joins

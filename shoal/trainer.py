@@ -248,6 +248,19 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
             run.clear_live()  # the store stopped with the roles (a restart's fit names its new one)
 
 
+def _say_ray_starts(config: Any, console: Console | None, name: str) -> None:
+    """On the ray backend, say what starts before it does: Ray's start and a process per role
+    that imports torch take 10 s and more (a minute for many runners on few cores) before the
+    progress bar's first line, and Ray itself says nothing at shoal's log level."""
+    if config.backend != "ray" or not config.progress:
+        return
+    from shoal.backends import ray_destination
+
+    runners = f"{config.num_env_runners} env runner{'s' if config.num_env_runners != 1 else ''}"
+    (console or Console(stderr=True)).print(f"{name} {config.env}: starting {runners} and the learner on "
+                                            f"{ray_destination(config)}", soft_wrap=True, highlight=False, markup=False)
+
+
 def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None,
           callback: Callback | None = None) -> dict[str, Any]:
     """Train ``config`` in a new run directory; returns the run summary. ``callback(algo, metrics)``
@@ -261,6 +274,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
                          "or choose another --run-dir")
     run = RunDir(path, config.tensorboard)
     try:
+        _say_ray_starts(config, console, name)
         algo = Algorithm(config)
     except BaseException:
         run.discard()  # a run that never started leaves nothing behind
@@ -318,6 +332,7 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
                          f"there is nothing to resume; train afresh with another --run-dir (or delete {run_dir})") from None
     run = RunDir(run_dir, config.tensorboard)
     try:
+        _say_ray_starts(config, console, algo)
         instance = Algorithm(config)
         try:
             instance.restore(checkpoint)

@@ -166,6 +166,27 @@ def test_the_ray_shoal_started_outlives_the_first_of_two_algorithms_to_stop(tmp_
     assert done.returncode == 0 and done.stdout.split() == ["64", "True", "False"], done.stderr[-2000:]
 
 
+def test_train_and_resume_on_ray_say_where_the_roles_start_before_they_do(ray_cluster, tiny, tmp_path):
+    """Ray's start is seconds of silence before the first progress line: shoal says what starts, and
+    where (here, the cluster this process already runs; a new local one and one joined by address
+    in tests/test_ray_cluster.py)."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    said = io.StringIO()
+    console = Console(file=said, width=300)
+    shoal.train(tiny(backend="ray", num_env_runners=2, total_steps=128, progress=True), run_dir=tmp_path,
+                console=console)
+    shoal.resume(tmp_path, tiny(backend="ray", num_env_runners=2, total_steps=256, progress=True), console=console)
+    starts = [i for i, line in enumerate(said.getvalue().splitlines())
+              if line == "ppo CartPole-v1: starting 2 env runners and the learner on the Ray cluster this "
+                         "process already runs"]
+    trainings = [i for i, line in enumerate(said.getvalue().splitlines()) if re.match(r"ppo CartPole-v1: training to", line)]
+    assert len(starts) == 2 and len(trainings) == 2 and starts[0] < trainings[0] < starts[1] < trainings[1], said.getvalue()
+
+
 def test_central_inference_batches_runners_requests(ray_cluster, tiny):
     """--inference central: runners hold no weights; one server answers both, batching them."""
     config = tiny(backend="ray", num_env_runners=2, inference="central", rollout_steps=32)

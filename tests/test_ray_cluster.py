@@ -55,9 +55,13 @@ def test_train_joins_a_running_cluster_by_address(head_node, tmp_path, how):
         env["RAY_ADDRESS"] = address
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--env", "CartPole-v1",
                         "--backend", "ray", *flags, "--num-env-runners", "2",
-                        "--total-steps", "2048", "--no-progress", "--no-tensorboard",
+                        "--total-steps", "2048", "--no-tensorboard",
                         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
+    # Said before Ray's start, which is seconds of silence: where the roles go.
+    starting, training = p.stderr.splitlines()[:2]
+    assert starting == f"ppo CartPole-v1: starting 2 env runners and the learner on the Ray cluster at {address}"
+    assert training.startswith("ppo CartPole-v1: training to 2,048 env steps"), p.stderr
     assert (tmp_path / "run" / "checkpoints").is_dir() and (tmp_path / "run" / "curve.png").is_file()
     # The roles ran on that cluster, not on a new local one: its workers' logs name them.
     actors = {line for f in (temp / "session_latest" / "logs").glob("worker-*.out")
@@ -69,8 +73,10 @@ def test_a_local_ray_run_prints_no_ray_warnings(tmp_path):
     """A run that starts its own cluster shows shoal's lines only: Ray 2.60 logs a WARNING at every
     new local cluster that it turned token authentication on (it stays on; only the line goes)."""
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "dqn", "--env", "CartPole-v1", "--backend", "ray",
-                        "--total-steps", "256", "--no-progress", "--no-tensorboard", "--run-dir", str(tmp_path / "run")],
+                        "--total-steps", "256", "--no-tensorboard", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=120)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert "done: eval return" in out and "WARNING" not in out, out
+    assert p.stderr.startswith("dqn CartPole-v1: starting 1 env runner and the learner on a new local Ray cluster\n"
+                               "dqn CartPole-v1: training to 256 env steps"), out
