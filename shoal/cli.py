@@ -283,12 +283,13 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
     from shoal.evaluator import record_episodes, run_episodes
 
-    from shoal.config import parse_set
+    from shoal.config import SEED_LIMIT, parse_set
 
     args = _parse(EvalArgs, _gather(argv, "--env-kwargs"), "shoal eval")
     _check_flags(("--episodes", args.episodes, "at least 1"), ("--max-steps", args.max_steps, "at least 1"))
-    if args.seed < 0:
-        raise ShoalError("--seed must be 0 or more (Gymnasium takes no negative seeds)")
+    if not 0 <= args.seed < SEED_LIMIT:
+        raise ShoalError(f"--seed must be from 0 to {SEED_LIMIT - 1} (Gymnasium takes no negative seeds, torch "
+                         f"none past 64 bits), got {args.seed}")
     if args.deterministic and args.stochastic:
         raise ShoalError("--deterministic and --stochastic exclude each other")
     path = ckpt.resolve(args.path)

@@ -24,6 +24,11 @@ import yaml
 
 from shoal.errors import ConfigError
 
+SEED_LIMIT = 2**32
+"""Seeds are below this, as NumPy's legacy seeding and stable-baselines3 take them: shoal derives
+each runner's, env's and evaluator's seed by adding offsets (millions), and torch's generators
+take no more than 64 bits."""
+
 
 @dataclass(frozen=True)
 class Config:
@@ -128,7 +133,8 @@ class Config:
                 object.__setattr__(self, f.name, coerced)
         if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
             object.__setattr__(self, "env", env_setting(self.env))
-        _check(self.seed >= 0, "seed must be 0 or more (Gymnasium and NumPy take no negative seeds)")
+        _check(0 <= self.seed < SEED_LIMIT, f"seed must be from 0 to {SEED_LIMIT - 1} (Gymnasium and NumPy take no "
+               f"negative seeds, torch none past 64 bits, and shoal adds offsets to it), got {self.seed}")
         _check(self.num_env_runners >= 1, "num_env_runners must be at least 1")
         _check(self.num_envs_per_runner >= 1, "num_envs_per_runner must be at least 1")
         _check(self.total_steps >= 1, "total_steps must be positive")
@@ -314,9 +320,12 @@ def parse_set(items: list[str], flag: str = "--set") -> dict[str, Any]:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a config file: a flat mapping of field names to values."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                          f"{e.start}): give a YAML file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

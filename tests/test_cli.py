@@ -397,6 +397,10 @@ def test_a_config_file_that_is_not_yaml_gets_one_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "train", "ppo", "--config", str(bad))
     assert code == 2 and f"config file {bad} is not valid YAML: expected the node content" in err
     assert "(line 2, column 1)" in err and len(err.strip().splitlines()) == 1
+    binary = tmp_path / "saved.yaml"  # a file that is not text at all (a checkpoint's state.pt, say)
+    binary.write_bytes(b"PK\x03\x04\xff\xfe")
+    code, _, err = run_cli(capsys, "train", "ppo", "--config", str(binary))
+    assert code == 2 and err == f"shoal: error: config file {binary} is not UTF-8 text (byte 0xff at offset 4): give a YAML file\n"
 
 
 def test_unwritable_run_dir(capsys, tmp_path):
@@ -494,9 +498,12 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
     (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),
     (["eval"], "Missing from shoal eval: RUN_DIR_OR_CHECKPOINT (see shoal eval --help)"),
-    (["train", "ppo", "--seed", "-1"], "seed must be 0 or more"),
+    (["train", "ppo", "--seed", "-1"], "seed must be from 0 to 4294967295 (Gymnasium and NumPy take no negative seeds"),
+    (["train", "ppo", "--seed", "4294967296"], "seed must be from 0 to 4294967295 "),
+    (["train", "ppo", "--set", "seed=1e30"], "torch none past 64 bits, and shoal adds offsets to it), got 1000000000000000019884624838656"),
     (["train", "ppo", "--set", "hidden_sizes=[64,"], "--set hidden_sizes=[64,: the value is not valid YAML"),
-    (["eval", ".", "--seed", "-1"], "--seed must be 0 or more"),
+    (["eval", ".", "--seed", "-1"], "--seed must be from 0 to 4294967295 (Gymnasium takes no negative seeds"),
+    (["eval", ".", "--seed", "1e30"], "torch none past 64 bits), got 1000000000000000019884624838656"),
     (["eval", ".", "--max-steps", "0"], "--max-steps must be at least 1, got 0"),
     (["eval", ".", "--episodes", "-2"], "--episodes must be at least 1, got -2"),
     (["serve-env", "CartPole-v1", "--session-timeout-s", "0"], "--session-timeout-s must be positive, got 0"),
