@@ -125,7 +125,16 @@ def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
     except SystemExit as e:
         if not e.code:
             raise
-        raise ShoalError(_one_line(captured.getvalue(), prog)) from None
+        message = _one_line(captured.getvalue(), prog)
+        if message.startswith("Unrecognized options: "):  # a peer's name for a setting: say shoal's
+            from shoal.config import peer_hint
+
+            hints = [hint for arg in argv if arg.startswith("--")
+                     if (hint := peer_hint(cls, arg.partition("=")[0], flags=True))]
+            if hints:
+                message = message.split(";")[0].removesuffix(f" (see {prog} --help)")
+                message = f"{message}; {'; '.join(dict.fromkeys(hints))} (see {prog} --help)"
+        raise ShoalError(message) from None
     sys.stderr.write(captured.getvalue())  # anything else tyro said (warnings)
     return parsed
 

@@ -13,6 +13,7 @@ import fnmatch
 import functools
 import math
 import numbers
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -206,6 +207,77 @@ def check_sde(config: Any) -> None:
            "runner's envs")
 
 
+# Settings as stable-baselines3 (and rl-zoo, sb3-contrib) or RLlib name them, and shoal's names for
+# them: a user who types the name they know is told shoal's. Each entry: whose name it is, and
+# shoal's settings it may mean, the first the algorithm has named, with how it differs ({name}: a
+# setting, spelled as a flag or as a key, as the name was given).
+PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
+    "learning_rate": ("SB3's", {"lr": ""}),
+    "n_steps": ("SB3's", {"rollout_steps": ""}),
+    "train_freq": ("SB3's", {"rollout_steps": ""}),
+    "gradient_steps": ("SB3's", {"updates_per_step": ", in updates per env step (gradient_steps / train_freq)"}),
+    "n_epochs": ("SB3's", {"num_epochs": ""}),
+    "batch_size": ("SB3's PPO", {"minibatch_size": ""}),
+    "clip_range": ("SB3's", {"clip": ""}),
+    "clip_range_vf": ("SB3's", {"vf_clip": ""}),
+    "normalize_advantage": ("SB3's", {"normalize_advantages": ""}),
+    "ent_coef": ("SB3's SAC", {"alpha": " (a fixed value; unset, it is tuned from {alpha_init}, as SB3's 'auto')"}),
+    "target_policy_noise": ("SB3's", {"target_noise": ""}),
+    "n_envs": ("SB3's", {"num_envs_per_runner": ""}),
+    "total_timesteps": ("SB3's", {"total_steps": ""}),
+    "n_timesteps": ("rl-zoo's", {"total_steps": ""}),
+    "normalize": ("rl-zoo's", {"normalize_obs": " and {normalize_rewards}"}),
+    "net_arch": ("SB3's", {"hidden_sizes": ""}),
+    "activation_fn": ("SB3's", {"activation": ""}),
+    "target_kl": ("sb3-contrib's TRPO", {"max_kl": ""}),
+    "cg_max_steps": ("sb3-contrib's", {"cg_iters": ""}),
+    "n_critic_updates": ("sb3-contrib's", {"vf_epochs": ""}),
+    "clip_param": ("RLlib's", {"clip": ""}),
+    "vf_clip_param": ("RLlib's", {"vf_clip": ""}),
+    "entropy_coeff": ("RLlib's", {"ent_coef": "", "alpha": ""}),  # SAC's: its alpha
+    "vf_loss_coeff": ("RLlib's", {"vf_coef": ""}),
+    "lambda": ("RLlib's", {"gae_lambda": ""}),
+    "lambda_": ("RLlib's", {"gae_lambda": ""}),
+    "grad_clip": ("RLlib's", {"max_grad_norm": ""}),
+    "num_sgd_iter": ("RLlib's", {"num_epochs": ""}),
+    "sgd_minibatch_size": ("RLlib's", {"minibatch_size": ""}),
+    "train_batch_size": ("RLlib's", {"batch_size": "", "rollout_steps": ", counted per env (train_batch_size / "
+                                                                       "({num_env_runners} x {num_envs_per_runner}))"}),
+    "rollout_fragment_length": ("RLlib's", {"rollout_steps": ""}),
+    "num_workers": ("RLlib's", {"num_env_runners": ""}),
+    "num_rollout_workers": ("RLlib's", {"num_env_runners": ""}),
+    "num_envs_per_worker": ("RLlib's", {"num_envs_per_runner": ""}),
+    "num_envs_per_env_runner": ("RLlib's", {"num_envs_per_runner": ""}),
+    "fcnet_hiddens": ("RLlib's", {"hidden_sizes": ""}),
+    "fcnet_activation": ("RLlib's", {"activation": ""}),
+    "target_network_update_freq": ("RLlib's", {"target_update_interval": ""}),
+    "double_q": ("RLlib's", {"double": ""}),
+    "twin_q": ("RLlib's", {"twin_critics": ""}),
+    "initial_alpha": ("RLlib's", {"alpha_init": ""}),
+    "num_steps_sampled_before_learning_starts": ("RLlib's", {"learning_starts": ""}),
+    "capacity": ("RLlib's", {"buffer_size": ""}),
+    "prioritized_replay": ("RLlib's", {"prioritized": ""}),
+    "prioritized_replay_alpha": ("RLlib's", {"priority_alpha": ""}),
+    "prioritized_replay_beta": ("RLlib's", {"priority_beta": ""}),
+    "vtrace_clip_rho_threshold": ("RLlib's", {"vtrace_rho_bar": ""}),
+    "time_total_s": ("RLlib's", {"stop_time_s": ""}),
+    "num_gpus": ("RLlib's", {"device": ""}),
+}
+
+
+def peer_hint(cls: type, name: str, flags: bool = False) -> str | None:
+    """What shoal calls a setting that stable-baselines3 or RLlib call ``name`` (a flag's spelling
+    or a key's), if ``cls`` has it: "SB3's clip_range: shoal calls it --clip". None otherwise."""
+    key = name.lstrip("-").replace("-", "_")
+    whose, ours = PEER_NAMES.get(key, ("", {}))
+    ours_here = [(n, note) for n, note in ours.items() if n in field_names(cls)]
+    if not ours_here or key in field_names(cls):
+        return None
+    spell = (lambda n: "--" + n.replace("_", "-")) if flags else (lambda n: n)  # noqa: E731
+    ours, note = ours_here[0]
+    return f"{whose} {key}: shoal calls it {spell(ours)}" + re.sub(r"\{(\w+)\}", lambda m: spell(m[1]), note)
+
+
 def field_names(cls: type) -> list[str]:
     """The config fields of a config class, in declaration order."""
     return [f.name for f in dataclasses.fields(cls)]
@@ -293,7 +365,8 @@ def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str)
         key = key.replace("-", "_")
         if key not in names:
             close = difflib.get_close_matches(key, names, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            peer = peer_hint(cls, key)
+            hint = f" ({peer})" if peer else f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{source}: unknown setting {key!r}{hint}")
         try:
             out[key] = _coerce(cls, key, value)

@@ -1,5 +1,6 @@
 """The shoal command as a user meets it: the happy path, and one clear line for each mistake."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -494,6 +495,15 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppo", "--num-env-runners", "many"], "Error parsing --num-env-runners: 'many' is not a whole number"),
     (["train", "ppo", "--lrr", "3"], "Unrecognized options: --lrr, 3; did you mean --lr? (see shoal train ppo --help)"),
+    (["train", "ppo", "--clip-range", "0.1"],  # a peer's name for a setting: shoal's is named
+     "Unrecognized options: --clip-range, 0.1; SB3's clip_range: shoal calls it --clip (see shoal train ppo --help)"),
+    (["train", "dqn", "--double-q", "--train-batch-size=32"],
+     "RLlib's double_q: shoal calls it --double; RLlib's train_batch_size: shoal calls it --batch-size (see "),
+    (["train", "ppo", "--train-batch-size", "4000"], "shoal calls it --rollout-steps, counted per env (train_batch_size "
+                                                     "/ (--num-env-runners x --num-envs-per-runner))"),
+    (["train", "sac", "--ent-coef", "0.1"], "SB3's SAC ent_coef: shoal calls it --alpha (a fixed value; unset, it is "
+                                            "tuned from --alpha-init"),
+    (["train", "ppo", "--set", "clip_range=0.1"], "--set: unknown setting 'clip_range' (SB3's clip_range: shoal calls it clip)"),
     (["train", "ppo", "--backend", "slurm"], "invalid choice 'slurm' for argument '--backend'. Expected one of ('local', 'ray')"),
     (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
     (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),
@@ -520,6 +530,32 @@ def test_a_command_line_the_parser_rejects_is_one_line(capsys, monkeypatch, argv
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and err.startswith("shoal: error: ") and message in err, err
     assert len(err.strip().splitlines()) == 1 and not out, err  # not tyro's box, nor argparse's usage
+
+
+def test_every_peer_name_is_one_some_algorithm_lacks_and_names_settings_it_has():
+    """The table of SB3's and RLlib's names (``--clip-range``: shoal calls it --clip): each shoal
+    setting it names exists, and each peer name is one shoal does not use everywhere."""
+    import re
+
+    from shoal.config import PEER_NAMES, field_names, peer_hint
+
+    everywhere = {name for spec in ALGOS.values() for name in field_names(spec.config_cls)}
+    for peer, (whose, ours) in PEER_NAMES.items():
+        assert whose.split("'s")[0] in ("SB3", "sb3-contrib", "rl-zoo", "RLlib"), peer
+        assert set(ours) <= everywhere, (peer, set(ours) - everywhere)
+        named = {m for note in ours.values() for m in re.findall(r"\{(\w+)\}", note)}
+        assert named <= everywhere, (peer, named - everywhere)
+        hinted = [spec.name for spec in ALGOS.values() if peer_hint(spec.config_cls, peer)]
+        assert hinted, f"{peer}: no algorithm lacks it and has {list(ours)}"
+    assert peer_hint(PPOConfig, "--target-kl") is None  # PPO has its own target_kl: nothing to say
+
+    @dataclasses.dataclass
+    class Both:  # a config with a peer's name as a setting of its own, beside the one it maps to
+        batch_size: int = 1
+        minibatch_size: int = 1
+
+    assert peer_hint(Both, "--batch-size") is None and peer_hint(Both, "n_epochs") is None
+    assert peer_hint(PPOConfig, "gama") is None
 
 
 def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for(capsys, monkeypatch):
