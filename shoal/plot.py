@@ -12,9 +12,13 @@ from shoal.errors import ShoalError
 def _read(path: Path, x: str, y: str) -> tuple[list[float], list[float]]:
     if not path.exists():
         return [], []
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get(x) and r.get(y)]
-    return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get(x) and r.get(y)]
+        return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
+    except (csv.Error, ValueError) as e:  # not UTF-8, not numbers, not CSV: a file shoal did not write
+        raise ShoalError(f"{path} is not a metrics file shoal can read ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120]})") from None
 
 
 def steps_and_time_axes(ylabel: str):

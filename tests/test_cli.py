@@ -230,8 +230,22 @@ def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(
     empty.mkdir()
     (empty / "progress.csv").write_text("iteration,env_steps,time/wall_s,episode/return_mean\n")
     (tmp_path / "other").mkdir()
+    binary, garbled = tmp_path / "binary", tmp_path / "garbled"  # files shoal did not write
+    binary.mkdir()
+    (binary / "progress.csv").write_bytes(b"\xff\xfe\x00")
+    garbled.mkdir()
+    (garbled / "progress.csv").write_text("env_steps,episode/return_mean,time/elapsed_s\nabc,1,2\n")
     out = tmp_path / "curve.png"
-    for runs, message in (([empty], "nothing to plot yet"), ([empty, tmp_path / "other"], "has no progress.csv")):
+    for runs, message in (([empty], "nothing to plot yet"), ([empty, tmp_path / "other"], "has no progress.csv"),
+                          ([binary], f"{binary / 'progress.csv'} is not a metrics file shoal can read "
+                                     "(UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff"),
+                          ([garbled], "could not convert string to float: 'abc'")):
+        if runs == [garbled]:
+            for_csv = tmp_path / "huge"  # a field past the csv module's limit (131,072 characters)
+            for_csv.mkdir()
+            (for_csv / "progress.csv").write_text("env_steps,episode/return_mean\n1," + "9" * 200_000 + "\n")
+            code, _, err = run_cli(capsys, "plot", str(for_csv), "--out", str(out))
+            assert code == 2 and "(Error: field larger than field limit (131072))" in err, err
         code, _, err = run_cli(capsys, "plot", *map(str, runs), "--out", str(out))
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists() and plt.get_fignums() == []  # no figure left open in the process
