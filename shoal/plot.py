@@ -9,16 +9,28 @@ from pathlib import Path
 from shoal.errors import ShoalError
 
 
+def read_rows(path: Path, numeric: tuple[str, ...] = ("env_steps",)) -> list[dict[str, str]]:
+    """The rows of a run's metrics file (progress.csv, eval.csv), each of its ``numeric`` columns
+    checked to be a number where it is filled. A file that is not UTF-8, not CSV, or holds text
+    where a number belongs was not written by shoal: a ShoalError names it."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        for row in rows:
+            for column in numeric:
+                if row.get(column):
+                    float(row[column])
+        return rows
+    except (csv.Error, ValueError) as e:  # UnicodeDecodeError is a ValueError too
+        raise ShoalError(f"{path} is not a metrics file shoal can read ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:120]}); move it aside to go on without it") from None
+
+
 def _read(path: Path, x: str, y: str) -> tuple[list[float], list[float]]:
     if not path.exists():
         return [], []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.DictReader(f) if r.get(x) and r.get(y)]
-        return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
-    except (csv.Error, ValueError) as e:  # not UTF-8, not numbers, not CSV: a file shoal did not write
-        raise ShoalError(f"{path} is not a metrics file shoal can read ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:120]})") from None
+    rows = [r for r in read_rows(path, (x, y)) if r.get(x) and r.get(y)]
+    return [float(r[x]) for r in rows], [float(r[y]) for r in rows]
 
 
 def steps_and_time_axes(ylabel: str):

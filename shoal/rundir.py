@@ -21,6 +21,7 @@ import yaml
 from shoal.config import to_dict
 from shoal.envs import file_name
 from shoal.errors import ShoalError
+from shoal.plot import read_rows
 
 
 LIVE = "live.json"  # a running trainer's weight store, while it runs (ray backend)
@@ -41,15 +42,15 @@ class CsvLog:
         self.path = path
         self.fields: list[str] = []
         if path.exists():
-            with open(path, newline="") as f:
+            self.rows()  # a file this class cannot append to is refused now, before a run writes
+            with open(path, newline="", encoding="utf-8") as f:
                 self.fields = next(csv.reader(f), [])
 
     def rows(self) -> list[dict[str, str]]:
         """All rows written so far."""
         if not self.path.exists():
             return []
-        with open(self.path, newline="") as f:
-            return list(csv.DictReader(f))
+        return read_rows(self.path)
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         buf = io.StringIO()

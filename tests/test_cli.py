@@ -251,6 +251,21 @@ def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(
     assert not out.exists() and plt.get_fignums() == []  # no figure left open in the process
 
 
+@pytest.mark.parametrize("log", ["progress.csv", "eval.csv"])
+def test_a_resume_whose_metrics_file_was_overwritten_is_refused_in_one_line_until_it_is_moved_aside(capsys, tmp_path, log):
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    (run / log).write_bytes(b"\x00\xff binary")  # another program's output written over it
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
+    assert code == 2 and err == (f"shoal: error: {run / log} is not a metrics file shoal can read (UnicodeDecodeError: "
+                                 "'utf-8' codec can't decode byte 0xff in position 1: invalid start byte); move it "
+                                 "aside to go on without it\n"), err
+    (run / log).rename(tmp_path / "aside.csv")
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--total-steps", "128", *FAST)
+    assert code == 0 and (run / log).read_text().startswith("iteration,env_steps,"), err
+
+
 def test_plot_writes_the_format_its_name_asks_for_into_a_new_directory(capsys, tmp_path):
     run = tmp_path / "run"
     code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
