@@ -115,20 +115,34 @@ def resolve(path: str | Path) -> Path:
     raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 
+def _read(path: Path, name: str, reader: Any) -> Any:
+    """``reader(file)`` for a checkpoint's file, or a ShoalError naming it. Checkpoints are written
+    whole, so a file that cannot be read was damaged since (a copy cut short, a disk error) or
+    comes from elsewhere: say which, and how to go on, instead of torch's or json's traceback."""
+    file = Path(path) / name
+    try:
+        return reader(file)
+    except Exception as e:  # json's, pickle's, torch's zip reader's, a decoder's: each its own type
+        detail = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:160]  # its first sentence
+        raise ShoalError(f"checkpoint {path}: {name} cannot be read ({type(e).__name__}: {detail}); it was damaged "
+                         f"after it was written, or is not shoal's: delete that checkpoint directory to use the one "
+                         f"before it") from None
+
+
 def read_meta(path: Path) -> dict[str, Any]:
     """The meta.json of a checkpoint."""
-    return json.loads((Path(path) / META_FILE).read_text())
+    return _read(path, META_FILE, lambda f: json.loads(f.read_text(encoding="utf-8")))
 
 
 def read_policy(path: Path) -> dict[str, Any]:
     """The deployment payload of a checkpoint, loaded without running pickled code (onto the CPU:
     learners hand back CPU state, and checkpoints from before --device are read the same way)."""
-    return torch.load(Path(path) / POLICY_FILE, weights_only=True, map_location="cpu")
+    return _read(path, POLICY_FILE, lambda f: torch.load(f, weights_only=True, map_location="cpu"))
 
 
 def read_state(path: Path) -> dict[str, Any]:
     """The full training state of a checkpoint (pickled: your own checkpoints only)."""
-    return torch.load(Path(path) / STATE_FILE, weights_only=False, map_location="cpu")
+    return _read(path, STATE_FILE, lambda f: torch.load(f, weights_only=False, map_location="cpu"))
 
 
 def prune(run_dir: Path, keep: int) -> None:

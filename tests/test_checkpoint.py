@@ -136,6 +136,26 @@ def test_checkpoint_of_another_algorithm_is_refused(tiny, tmp_path):
             algo.restore(path)
 
 
+@pytest.mark.parametrize("name, opens, error", [("meta.json", "read_meta", "JSONDecodeError"),
+                                                 ("policy.pt", "load_policy", "RuntimeError: PytorchStreamReader "
+                                                  "failed reading zip archive: failed finding central directory)"),
+                                                 ("state.pt", "load", "RuntimeError: PytorchStreamReader")])
+def test_a_checkpoint_file_cut_short_since_is_named_in_one_line(tiny, tmp_path, name, opens, error):
+    """Checkpoints are written whole; a copy cut short (scp, a full disk) is named, with what to do,
+    instead of json's or torch's traceback. The policy server's follower catches ShoalErrors."""
+    with shoal.make(tiny()) as algo:
+        algo.train()
+        path = algo.save(tmp_path / "ck")
+    whole = (path / name).read_bytes()
+    (path / name).write_bytes(whole[: min(200, len(whole) // 2)])
+    read = {"read_meta": ckpt.read_meta, "load_policy": shoal.load_policy, "load": shoal.load}[opens]
+    with pytest.raises(ShoalError) as raised:
+        read(path)
+    assert str(raised.value).startswith(f"checkpoint {path}: {name} cannot be read ({error}")
+    assert str(raised.value).endswith("it was damaged after it was written, or is not shoal's: delete that "
+                                      "checkpoint directory to use the one before it")
+
+
 @pytest.mark.parametrize("use", ["train", "evaluate", "get_policy", "save"])
 def test_an_algorithm_used_after_stop_says_so(tiny, tmp_path, use):
     """In-process its objects would still answer, where on Ray its actors are gone: the same code
