@@ -217,11 +217,14 @@ class EnvRunner:
         """Raise for an env that returned a NaN or an infinity (row k is env ``envs[k]``): the
         runner fails (and is replaced) before the value reaches the learner."""
         bad_reward = np.flatnonzero(~np.isfinite(rewards))
-        what = "a reward" if bad_reward.size else "an observation"
         row = bad_reward[0] if bad_reward.size else np.flatnonzero(~np.isfinite(obs.reshape(len(obs), -1)).all(1))[0]
+        if bad_reward.size:  # the value, and where a NaN may come from: the vector env stores None as NaN
+            what = f"a reward of {rewards[row]}" + (" (a reward of None is stored as NaN)" if np.isnan(rewards[row]) else "")
+        else:
+            what = "an observation holding NaN or inf"
         env = row if envs is None else envs[row]
-        raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what} holding NaN or "
-                         "inf, which training would spread to every weight of the network")
+        raise ShoalError(f"runner {self.runner_id}: env {env} of {self.config.env} returned {what}, which training "
+                         "would spread to every weight of the network")
 
     def _check_actions(self, actions: np.ndarray, obs: np.ndarray) -> None:
         """After an env failed or gave NaN: raise :class:`Diverged` if the policy chose NaN or inf

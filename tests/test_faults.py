@@ -162,12 +162,14 @@ class Sim(gym.Env):  # a user's env: no render_mode argument, as many custom env
             obs[1] = np.nan
         if self.fault == "inf-reward":
             reward = float("inf")
+        if self.fault == "none-reward":  # a simulator that forgot to return one
+            reward = None
         if self.fault == "array-reward":
             reward = np.array([1.0])
         return obs, reward, self.t >= 20, False, {}
 
 
-for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward", "start", "box"):
+for fault in (None, "init", "step", "shape", "nan", "inf-reward", "none-reward", "array-reward", "start", "box"):
     gym.register(f"Sim{'-' + fault if fault else ''}-v0", entry_point=Sim, kwargs={"fault": fault})
 """
 
@@ -180,7 +182,10 @@ for fault in (None, "init", "step", "shape", "nan", "inf-reward", "array-reward"
     ("Sim-shape-v0", "env 0 returned an observation of shape (5,) (float32), where its observation space is "
                      "Box(-1.0, 1.0, (3,), float32)"),
     ("Sim-nan-v0", "env 0 of shoal_user_envs:Sim-nan-v0 returned an observation holding NaN or inf"),
-    ("Sim-inf-reward-v0", "env 0 of shoal_user_envs:Sim-inf-reward-v0 returned a reward holding NaN or inf"),
+    ("Sim-inf-reward-v0", "env 0 of shoal_user_envs:Sim-inf-reward-v0 returned a reward of inf, which training "
+                          "would spread"),
+    ("Sim-none-reward-v0", "env 0 of shoal_user_envs:Sim-none-reward-v0 returned a reward of nan (a reward of None is "
+                           "stored as NaN), which"),
     ("Sim-array-reward-v0", "env 0 returned the reward array([1.]), terminated False and truncated False: a "
                             "step's reward is one number"),
 ])
