@@ -72,11 +72,21 @@ def _import_env_module(module: str) -> None:
     importlib.import_module(module)
 
 
+def _register_env_class(module: str, name: str) -> None:
+    """``module:ClassName`` naming a ``gymnasium.Env`` subclass that no registration names (RLlib
+    takes an env class or its import path, as Gymnasium's ``entry_point`` does): register it under
+    its class name, as ``gym.register(name, entry_point="module:ClassName")`` would. Every process
+    that makes the env (a Ray worker, ``shoal eval``) comes here with the same id, and does the same."""
+    found = getattr(sys.modules[module], name, None)
+    if name not in gym.registry and isinstance(found, type) and issubclass(found, gym.Env):
+        gym.register(id=name, entry_point=f"{module}:{name}")
+
+
 def check_env_id(env_id: str) -> None:
     """Raise a clear error for an env id Gymnasium does not know, with the closest known ids.
 
-    ``module:EnvId`` (Gymnasium's form for custom envs) imports ``module`` first, which registers it;
-    Atari's (``ALE/...``) and MiniGrid's ids import their package.
+    ``module:EnvId`` (Gymnasium's form for custom envs) imports ``module`` first, which registers it
+    (or holds a ``gymnasium.Env`` subclass of that name: :func:`_register_env_class`); Atari's (``ALE/...``) and MiniGrid's ids import their package.
     """
     module, sep, name = env_id.rpartition(":")
     if sep:
@@ -85,6 +95,7 @@ def check_env_id(env_id: str) -> None:
         except ImportError as e:
             raise ShoalError(f"cannot import {module!r} for environment {env_id!r}: {e}") from None
         env_id = name
+        _register_env_class(module, name)
     if env_id in gym.registry:
         return
     _import_env_package(env_id)

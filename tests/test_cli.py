@@ -470,15 +470,23 @@ def test_the_shoal_script_imports_an_env_module_from_the_working_directory(tmp_p
 
     (tmp_path / "my_envs.py").write_text(
         "import gymnasium as gym\n"
-        "gym.register('Corridor-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv', max_episode_steps=20)\n")
+        "from gymnasium.envs.classic_control import CartPoleEnv\n"
+        "gym.register('Corridor-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv', max_episode_steps=20)\n"
+        "class Hall(CartPoleEnv):  # an Env class no registration names: --env my_envs:Hall\n"
+        "    pass\n"
+        "helper = CartPoleEnv.__init__\n")
     script = str(Path(sys.executable).parent / "shoal")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([script, "train", "ppo", "--env", "my_envs:Corridor-v0", "--total-steps", "256", *FAST,
-                           "--run-dir", "run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    done = subprocess.run([script, "eval", "run", "--episodes", "1"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and "my_envs:Corridor-v0: return" in done.stdout, done.stderr
+    for env_id, run in (("my_envs:Corridor-v0", "run"), ("my_envs:Hall", "hall")):
+        done = subprocess.run([script, "train", "ppo", "--env", env_id, "--total-steps", "256", *FAST,
+                               "--run-dir", run], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "Overriding environment" not in done.stderr, done.stderr  # registered once
+        done = subprocess.run([script, "eval", run, "--episodes", "1"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)  # a new process: it registers Hall again, as a Ray worker does
+        assert done.returncode == 0 and f"{env_id}: return" in done.stdout, done.stderr
+    done = subprocess.run([script, "train", "ppo", "--env", "my_envs:helper"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # not an Env class: not registered
+    assert done.returncode == 2 and "unknown environment 'helper'" in done.stderr, done.stderr
     done = subprocess.run([script, "eval", str(tmp_path / "run"), "--episodes", "1"], cwd=tmp_path.parent, env=env,
                           capture_output=True, text=True, timeout=120)  # elsewhere, the module is not there
     assert done.returncode == 2 and "cannot import 'my_envs' for environment 'my_envs:Corridor-v0'" in done.stderr
