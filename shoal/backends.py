@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
@@ -424,11 +425,23 @@ def _raise_if_shared_object_lost(e: BaseException) -> None:
 
 
 def _registering(spec: Any) -> Any:
-    """A worker setup hook (Ray takes a named function, not a partial) that registers ``spec``."""
-    from shoal.envs import register_spec
+    """A worker setup hook (Ray takes a named function, not a partial) that registers ``spec``.
+
+    The spec's entry point, a class of the script, may derive from a module beside the script
+    (``from my_base import Base``): Ray puts the script's directory on a worker's path only after
+    its setup hook has run, and unpickling the hook would need that module. So the spec travels as
+    bytes, and the hook puts the driver's directories on the path before it unpickles them."""
+    from ray import cloudpickle
+
+    blob = cloudpickle.dumps(spec)
+    script = getattr(sys.modules.get("__main__"), "__file__", None)  # none in a notebook or `python -c`
+    driver_paths = list(dict.fromkeys([os.path.dirname(os.path.abspath(script))] * bool(script) + [os.getcwd()]))
 
     def register_script_env() -> None:
-        register_spec(spec)
+        from shoal.envs import register_spec
+
+        sys.path.extend(p for p in driver_paths if p not in sys.path)
+        register_spec(cloudpickle.loads(blob))
 
     return register_script_env
 
@@ -436,8 +449,6 @@ def _registering(spec: Any) -> Any:
 def ray_destination(config: Any) -> str:
     """Where ``--backend ray`` will run ``config``'s roles, in words: the cluster this process
     already runs, the one ``--address`` (or a Ray Job's ``RAY_ADDRESS``) names, or a new local one."""
-    import sys
-
     ray = sys.modules.get("ray")  # not imported for this: `import ray` alone takes seconds
     if ray is not None and ray.is_initialized():
         return "the Ray cluster this process already runs"

@@ -37,7 +37,8 @@ class Config:
 
     env: str = "CartPole-v1"
     """Gymnasium environment id (`shoal envs` lists them), or env servers:
-    remote://HOST:PORT[,HOST:PORT...][/ENV_ID] (--env repeated, or a list in a config file, joins them)."""
+    remote://HOST:PORT[,HOST:PORT...][/ENV_ID] (--env repeated, or a list in a config file, joins them).
+    In Python, a gymnasium.Env subclass too (it becomes its id: 'module:ClassName')."""
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of the env's constructor, as gym.make(env, **env_kwargs) takes them:
     --env-kwargs is_slippery=false map_name=8x8 (values read as YAML)."""
@@ -132,7 +133,7 @@ class Config:
             value = getattr(self, f.name)
             if f.name != "env" and (coerced := _coerce(type(self), f.name, value)) is not value:
                 object.__setattr__(self, f.name, coerced)
-        if not isinstance(self.env, str):  # several remote:// servers as a list, as in a config file
+        if not isinstance(self.env, str):  # several remote:// servers as a list (a config file), or an env class
             object.__setattr__(self, "env", env_setting(self.env))
         _check(0 <= self.seed < SEED_LIMIT, f"seed must be from 0 to {SEED_LIMIT - 1} (Gymnasium and NumPy take no "
                f"negative seeds, torch none past 64 bits, and shoal adds offsets to it), got {self.seed}")
@@ -436,15 +437,42 @@ def preset_env(env: str) -> str:
     return env
 
 
-def env_setting(value: str | list[str] | tuple[str, ...]) -> str:
+def _env_class_id(cls: type) -> str:
+    """The env id of a ``gymnasium.Env`` subclass given as ``env`` (RLlib takes an env class): its
+    import path, ``module:ClassName``, which every process (Ray workers, ``shoal eval``) imports
+    and registers; or, for a class of a script or notebook (``__main__``) or one nested in
+    another, its class name, registered here as ``gym.register`` in the script would (the run's
+    Ray workers get such registrations through Ray's worker setup hook)."""
+    import sys
+
+    import gymnasium as gym
+
+    if not issubclass(cls, gym.Env):
+        raise ConfigError(f"env takes a Gymnasium env id, or a gymnasium.Env subclass; {cls.__qualname__} is not one")
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__ != "__main__" and getattr(module, cls.__qualname__, None) is cls:
+        return f"{cls.__module__}:{cls.__qualname__}"
+    name = cls.__name__
+    known = gym.registry.get(name)
+    if known is not None and known.entry_point is not cls:
+        raise ConfigError(f"env {cls.__qualname__}: the env id {name!r} is registered already, for "
+                          f"{known.entry_point}; register your class under another id and give that")
+    if known is None:
+        gym.register(id=name, entry_point=cls)
+    return name
+
+
+def env_setting(value: str | list[str] | tuple[str, ...] | type) -> str:
     """One env setting from one id or several ``remote://`` URLs (``--env`` repeated, or a list
     in a config file): the URLs' servers together, ``remote://H1:P1,H2:P2[/ENV_ID]``."""
     if isinstance(value, str):
         return value
+    if isinstance(value, type):
+        return _env_class_id(value)
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"env takes a Gymnasium env id (a string: 'CartPole-v1', or 'my_module:MyEnv-v0' for an "
-                          f"env my_module registers with gymnasium.register), not an object of type {type(value).__name__}: "
-                          "every runner, evaluator and env server makes its own copies from the id")
+                          f"env my_module registers with gymnasium.register) or an env class, not an object of type "
+                          f"{type(value).__name__}: every runner, evaluator and env server makes its own copies from the id")
     urls = list(value)
     if len(urls) == 1 and isinstance(urls[0], str):
         return urls[0]

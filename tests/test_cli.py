@@ -5,12 +5,14 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
 
+import shoal
 from shoal.algos import ALGOS
 from shoal.cli import _parse, main
 from shoal.config import build, parse_set, preset, preset_envs
@@ -412,6 +414,40 @@ def test_every_shipped_preset_builds_its_algorithm_on_its_env(algo, env):
     spec = ALGOS[algo]
     policy = spec.make_policy(config, *env_spaces(env))
     assert sum(p.numel() for p in policy.parameters()) > 0
+
+
+def test_an_env_class_in_the_python_api_becomes_its_import_path_or_a_registration_of_its_name():
+    """As RLlib takes an env class: one importable from its module is named by its import path (each
+    process imports and registers it); one of a script, a notebook or a function is registered
+    under its class name, as gym.register in the script would."""
+    from gymnasium.envs.classic_control import CartPoleEnv
+    from gymnasium.envs.classic_control.acrobot import AcrobotEnv
+
+    assert PPOConfig(env=CartPoleEnv).env == "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+
+    class ShoalTestLocalPole(CartPoleEnv):  # not reachable by import: its name is registered
+        pass
+
+    try:
+        assert PPOConfig(env=ShoalTestLocalPole).env == "ShoalTestLocalPole"
+        assert gym.registry["ShoalTestLocalPole"].entry_point is ShoalTestLocalPole
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Gymnasium warns of a registration overridden
+            assert PPOConfig(env=ShoalTestLocalPole).env == "ShoalTestLocalPole"  # again: the same class, no conflict
+        with shoal.make(PPOConfig(env=ShoalTestLocalPole, num_envs_per_runner=2, rollout_steps=8, minibatch_size=16,
+                                  progress=False, tensorboard=False)) as algo:
+            assert algo.train()["env_steps"] == 16
+
+        class Other(AcrobotEnv):
+            pass
+
+        Other.__name__ = "ShoalTestLocalPole"  # another class by that name
+        with pytest.raises(ConfigError, match="^env .*Other: the env id 'ShoalTestLocalPole' is registered already"):
+            PPOConfig(env=Other)
+    finally:
+        gym.registry.pop("ShoalTestLocalPole", None)
+    with pytest.raises(ConfigError, match="^env takes a Gymnasium env id, or a gymnasium.Env subclass; dict is not one$"):
+        PPOConfig(env=dict)
 
 
 def test_several_env_servers_as_a_list_in_the_python_api():

@@ -261,7 +261,10 @@ import numpy as np
 import shoal
 
 
-class Corridor(gym.Env):  # defined and registered in the script itself, as in a notebook
+from corridor_base import Base  # a module beside the script, which Ray's workers import too
+
+
+class Corridor(Base):  # defined in the script itself, as in a notebook; given as a class, as RLlib takes one
     observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
@@ -275,18 +278,19 @@ class Corridor(gym.Env):  # defined and registered in the script itself, as in a
         return np.full(2, self.t / 10, np.float32), float(action), self.t >= 10, False, {}
 
 
-gym.register("Corridor-v0", entry_point=Corridor)
-config = shoal.PPOConfig(env="Corridor-v0", backend="ray", num_env_runners=2, num_envs_per_runner=2,
+config = shoal.PPOConfig(env=Corridor, backend="ray", num_env_runners=2, num_envs_per_runner=2,
                          rollout_steps=16, minibatch_size=32, total_steps=640, eval_episodes=2, progress=False,
                          tensorboard=False)
-print("best", shoal.train(config, run_dir=sys.argv[1])["best_eval_return"])
+print("best", shoal.train(config, run_dir=sys.argv[1])["best_eval_return"], config.env)
 """
 
 
 def test_an_env_registered_by_the_users_script_reaches_the_ray_workers(ray_cluster, tmp_path):
-    """gym.register in a script (no module to import): the run's Ray workers get the registration
-    through Ray's worker setup hook, as RLlib users get theirs with register_env. Where Ray was
-    started before shoal (here: this module's cluster), there is no hook to set: one clear line."""
+    """An env class of the script itself (no module to import it from), registered as gym.register
+    in the script would: the run's Ray workers get the registration through Ray's worker setup hook,
+    as RLlib users get theirs with register_env, though the class derives from a module beside the
+    script. Where Ray was started before shoal (here: this module's cluster), there is no hook to
+    set: one clear line."""
     import subprocess
     import sys
 
@@ -294,9 +298,10 @@ def test_an_env_registered_by_the_users_script_reaches_the_ray_workers(ray_clust
 
     script = tmp_path / "script.py"
     script.write_text(SCRIPT_ENV)
+    (tmp_path / "corridor_base.py").write_text("import gymnasium as gym\n\nclass Base(gym.Env):\n    pass\n")
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
-    assert done.returncode == 0 and "best " in done.stdout, done.stderr[-3000:]
+                          timeout=300, cwd=tmp_path.parent)  # not cwd: the script's own directory is searched
+    assert done.returncode == 0 and "best " in done.stdout and done.stdout.split()[-1] == "Corridor", done.stderr[-3000:]
 
     class Here(gym.Wrapper):
         def __init__(self):
