@@ -472,7 +472,8 @@ def env_setting(value: str | list[str] | tuple[str, ...] | type) -> str:
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"env takes a Gymnasium env id (a string: 'CartPole-v1', or 'my_module:MyEnv-v0' for an "
                           f"env my_module registers with gymnasium.register) or an env class, not an object of type "
-                          f"{type(value).__name__}: every runner, evaluator and env server makes its own copies from the id")
+                          f"{type(value).__name__}: every runner, evaluator and env server makes its own copies from "
+                          "the id")
     urls = list(value)
     if len(urls) == 1 and isinstance(urls[0], str):
         return urls[0]

@@ -86,7 +86,8 @@ def check_env_id(env_id: str) -> None:
     """Raise a clear error for an env id Gymnasium does not know, with the closest known ids.
 
     ``module:EnvId`` (Gymnasium's form for custom envs) imports ``module`` first, which registers it
-    (or holds a ``gymnasium.Env`` subclass of that name: :func:`_register_env_class`); Atari's (``ALE/...``) and MiniGrid's ids import their package.
+    (or holds a ``gymnasium.Env`` subclass of that name: :func:`_register_env_class`); Atari's
+    (``ALE/...``) and MiniGrid's ids import their package.
     """
     module, sep, name = env_id.rpartition(":")
     if sep:

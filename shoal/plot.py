@@ -23,7 +23,7 @@ def read_rows(path: Path, numeric: tuple[str, ...] = ("env_steps",)) -> list[dic
         return rows
     except (csv.Error, ValueError) as e:  # UnicodeDecodeError is a ValueError too
         raise ShoalError(f"{path} is not a metrics file shoal can read ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:120]}); move it aside to go on without it") from None
+                         f"{(str(e).splitlines() or [''])[0][:120]}); move it aside to go on without it") from None
 
 
 def _read(path: Path, x: str, y: str) -> tuple[list[float], list[float]]:

@@ -219,7 +219,8 @@ class EnvRunner:
         bad_reward = np.flatnonzero(~np.isfinite(rewards))
         row = bad_reward[0] if bad_reward.size else np.flatnonzero(~np.isfinite(obs.reshape(len(obs), -1)).all(1))[0]
         if bad_reward.size:  # the value, and where a NaN may come from: the vector env stores None as NaN
-            what = f"a reward of {rewards[row]}" + (" (a reward of None is stored as NaN)" if np.isnan(rewards[row]) else "")
+            none = " (a reward of None is stored as NaN)" if np.isnan(rewards[row]) else ""
+            what = f"a reward of {rewards[row]}{none}"
         else:
             what = "an observation holding NaN or inf"
         env = row if envs is None else envs[row]
