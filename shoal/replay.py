@@ -14,14 +14,13 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from shoal import devices
-from shoal.runner import Rollout
+if TYPE_CHECKING:  # not imported at run time: a replay shard's process (Ape-X) holds no torch (~190 MB)
+    import torch
+    from torch import Tensor
 
-if TYPE_CHECKING:
     from shoal.hindsight import Hindsight
+    from shoal.runner import Rollout
 
 
 class Admission(NamedTuple):
@@ -51,6 +50,10 @@ class Transitions(NamedTuple):
     def as_tensors(self) -> Transitions:
         """A batch of NumPy columns with them wrapped as tensors (no copy, unless an array arrived
         read-only, as Ray's deserialised arrays do)."""
+        import torch
+
+        from shoal import devices
+
         return Transitions(*(devices.upload(a, torch.device("cpu")) for a in self[:6]), self.indices)
 
     def to(self, device: torch.device) -> Transitions:

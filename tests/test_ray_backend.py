@@ -1,5 +1,6 @@
 """The Ray backend: same code path, same results, real actors."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +73,28 @@ def test_apex_dqn_learns_cartpole_with_two_runners(ray_cluster, tmp_path, seed, 
     The solves (475: seed 0 at 22k-27k steps, 110-214 s on two cores) are slow tests (`make
     test-slow`). CI asserts 120, five times a random policy's ~22: seed 0 evaluated 202 and 151
     at 4k steps in two runs, then ~100 until its jump to 500 (so 200 took 28 s once and 227 s
-    beside the other worker's tests)."""
+    beside the other worker's tests). The replay shards and the weight store hold NumPy arrays
+    only: their processes never import torch (~190 MB and 2-4 s of CPU each)."""
+    import ray
+
     from shoal.algos.dqn import DQNConfig
 
     config = build(DQNConfig, "dqn", env="CartPole-v1",
                    sets={"backend": "ray", "apex": True, "num_env_runners": 2, "num_replay_shards": 2,
                          "prioritized": True, "rollout_steps": 64, "torch_threads": 1, "seed": seed,
                          "total_steps": 100_000, "stop_return": target, "progress": False, "tensorboard": False})
-    summary = shoal.train(config, run_dir=tmp_path)
+    holds_torch = {}
+
+    def look(algo, metrics):  # after the first iteration, when every role has stored, sampled or learned
+        if not holds_torch:
+            roles = {"learner": algo.learner, "store": algo.store,
+                     **{f"replay-{i}": shard for i, shard in enumerate(algo.shards)}}
+            holds_torch.update({name: ray.get(role.actor.__ray_call__.remote(lambda _: "torch" in sys.modules))
+                                for name, role in roles.items()})
+
+    summary = shoal.train(config, run_dir=tmp_path, callback=look)
     assert summary["best_eval_return"] >= target, summary
+    assert holds_torch == {"learner": True, "store": False, "replay-0": False, "replay-1": False}
     rows = (tmp_path / "progress.csv").read_text().splitlines()
     assert "learner/policy_lag_mean" in rows[0]
 
