@@ -65,16 +65,18 @@ def test_ppo_solves_cartpole_on_ray_with_two_runners(ray_cluster, tmp_path):
         assert algo.evaluate(episodes=3)["eval/policy_version"] == algo.policy_version
 
 
-@pytest.mark.parametrize("seed, target", [(0, 120), pytest.param(0, 475, marks=pytest.mark.slow),
+@pytest.mark.parametrize("seed, target", [(0, 90), pytest.param(0, 475, marks=pytest.mark.slow),
                                           pytest.param(1, 475, marks=pytest.mark.slow),
                                           pytest.param(2, 475, marks=pytest.mark.slow)])
 def test_apex_dqn_learns_cartpole_with_two_runners(ray_cluster, tmp_path, seed, target):
     """Ape-X: runners keep sampling into 2 replay shards while the learner trains from them.
     The solves (475: seed 0 at 22k-27k steps, 110-214 s on two cores) are slow tests (`make
-    test-slow`). CI asserts 120, five times a random policy's ~22: seed 0 evaluated 202 and 151
-    at 4k steps in two runs, then ~100 until its jump to 500 (so 200 took 28 s once and 227 s
-    beside the other worker's tests). The replay shards and the weight store hold NumPy arrays
-    only: their processes never import torch (~190 MB and 2-4 s of CPU each)."""
+    test-slow`). CI asserts 90, four times a random policy's ~22 (one pushing one way scores ~9):
+    seed 0 evaluated 202, 151 and 103 at 4k steps in three runs, then 92-103 until its jump to
+    500 at 14k-27k steps. CI asserted 120 until 2026-11-27, which a run on that plateau reached
+    at its jump or by chance: it took 40 s to 234 s in the suite. The replay shards and the
+    weight store hold NumPy arrays only: their processes never import torch (~190 MB and 2-4 s
+    of CPU each)."""
     import ray
 
     from shoal.algos.dqn import DQNConfig
