@@ -21,9 +21,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def head_node():
-    """A head node with its own temp dir, so teardown kills exactly its processes and no others."""
+    """A head node with its own temp dir, so teardown kills exactly its processes and no others.
+    The module's runs share it, as runs on a user's cluster do."""
     ray = Path(sys.executable).with_name("ray")
     temp = tempfile.mkdtemp(prefix="shoal-ray-", dir="/tmp")  # short: Ray's socket paths are length-limited
     port = free_port()
@@ -53,6 +54,8 @@ def test_train_joins_a_running_cluster_by_address(head_node, tmp_path, how):
     flags = ["--address", address] if how == "--address" else []
     if how == "RAY_ADDRESS":
         env["RAY_ADDRESS"] = address
+    logs = temp / "session_latest" / "logs"
+    before = set(logs.glob("worker-*.out"))
     p = subprocess.run([sys.executable, "-m", "shoal.cli", "train", "ppo", "--env", "CartPole-v1",
                         "--backend", "ray", *flags, "--num-env-runners", "2",
                         "--total-steps", "2048", "--no-tensorboard",
@@ -63,8 +66,8 @@ def test_train_joins_a_running_cluster_by_address(head_node, tmp_path, how):
     assert starting == f"ppo CartPole-v1: starting 2 env runners and the learner on the Ray cluster at {address}"
     assert training.startswith("ppo CartPole-v1: training to 2,048 env steps"), p.stderr
     assert (tmp_path / "run" / "checkpoints").is_dir() and (tmp_path / "run" / "curve.png").is_file()
-    # The roles ran on that cluster, not on a new local one: its workers' logs name them.
-    actors = {line for f in (temp / "session_latest" / "logs").glob("worker-*.out")
+    # The roles ran on that cluster, not on a new local one: its new workers' logs name them.
+    actors = {line for f in set(logs.glob("worker-*.out")) - before
               for line in f.read_text().splitlines() if line.startswith(":actor_name:")}
     assert {":actor_name:EnvRunner", ":actor_name:PPOLearner"} <= actors, actors
 
