@@ -312,7 +312,7 @@ class PolicyModule(nn.Module):
             if self.channels_last:
                 obs = obs.permute(0, 3, 1, 2)
             return obs.reshape(obs.shape[0], *self.input_shape).to(torch.uint8).contiguous()
-        obs = obs.reshape(obs.shape[0], -1).float()
+        obs = obs.reshape(obs.shape[0], math.prod(obs.shape[1:])).float()  # (not -1: a batch may be empty)
         if self.obs_norm is None:
             return obs
         x = self.obs_norm(obs)
@@ -670,6 +670,18 @@ def set_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
 
+def _non_finite(obs: np.ndarray, single: bool) -> str:
+    """What :meth:`Policy.act` says of observations holding NaN or inf, naming the rows and values."""
+    rows = np.flatnonzero(~np.isfinite(obs.reshape(1 if single else len(obs), -1)).all(axis=1))
+    *others, last = sorted({str(v) for v in obs[~np.isfinite(obs)].tolist()})  # "-inf", "inf", "nan"
+    values = f"{', '.join(others)} and {last}" if others else last
+    where = "the observation" if single else (
+        f"observation{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:5]))}{', ...' if len(rows) > 5 else ''} "
+        f"of {len(obs)}")
+    return (f"{where} hold{'s' if single or len(rows) == 1 else ''} {values}: a policy gives no action for an "
+            "observation that is not finite (the policy server refuses one too)")
+
+
 def _dtype_kind(obs: Any) -> str:
     """The numpy dtype kind of ``obs`` as an array ("O" for anything ragged)."""
     try:
@@ -747,8 +759,13 @@ class Policy:
         returns it), or ``action_mask`` [N, actions] or [actions] (1 legal, 0 not; as
         sb3-contrib's ``predict(obs, action_masks=...)``), given with the observation alone or
         with the flat vector runners see (the observation, then the mask; ``action_mask`` then
-        replaces its mask). An observation alone without ``action_mask`` allows every action."""
+        replaces its mask). An observation alone without ``action_mask`` allows every action.
+
+        An empty batch gets no actions (an array of 0 rows). An observation holding NaN or inf
+        gets none either: a ShoalError names its row."""
         x, single = self._inputs(obs, action_mask)
+        if not len(x):  # an empty batch: no actions (and a recurrent policy's memory as it was)
+            return np.zeros((0, *self.action_space.shape), self.action_space.dtype)
         actions = self.module.to_env(self.module.act(x, deterministic, generator))
         return actions[0] if single else actions
 
@@ -792,6 +809,8 @@ class Policy:
                     "policy.make_env() gives its env stacking them)" if stack > 1 else "")
             raise ShoalError(f"observations of shape {obs.shape}: this policy takes one of shape {shape}{hint} "
                              f"or a batch of shape (N, {', '.join(map(str, shape))})")
+        if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+            raise ShoalError(_non_finite(obs, single))
         return self.module.normalize(devices.upload(obs[None] if single else obs, self.device)), single
 
     def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:

@@ -66,6 +66,34 @@ def test_act_accepts_one_observation_or_a_batch_and_respects_bounds():
             discrete.act(wrong)
 
 
+@pytest.mark.parametrize("action_space", [gym.spaces.Discrete(3), gym.spaces.Box(-0.5, 0.5, (2,)),
+                                          gym.spaces.MultiDiscrete([2, 3])], ids=["discrete", "box", "multi-discrete"])
+def test_an_empty_batch_gets_no_actions_and_a_recurrent_policy_keeps_its_memory(action_space):
+    """A caller stepping only the envs still running may, at the end, have none."""
+    policy = Policy(ActorCritic(gym.spaces.Box(-1, 1, (3,)), action_space, lstm_size=4))
+    two = policy.act(np.ones((2, 3), np.float32))
+    memory = [m.clone() for m in policy.module.memory]
+    actions = policy.act(np.zeros((0, 3), np.float32))
+    assert actions.shape == (0, *action_space.shape) and actions.dtype == two.dtype
+    assert all(torch.equal(a, b) for a, b in zip(memory, policy.module.memory))
+
+
+def test_observations_that_are_not_finite_get_no_action_and_a_line_naming_them():
+    """The policy server refuses them on the wire; in-process, argmax over NaN logits would have
+    answered 0, silently."""
+    policy = Policy(ActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2)))
+    with pytest.raises(ShoalError, match=r"^the observation holds nan: a policy gives no action for an observation "
+                                         r"that is not finite"):
+        policy.act(np.array([0.0, np.nan, 0.0]))
+    batch = np.zeros((8, 3))
+    batch[2, 0], batch[5, 1], batch[5, 2] = np.inf, np.nan, -np.inf
+    with pytest.raises(ShoalError, match=r"^observations 2, 5 of 8 hold -inf, inf and nan: "):
+        policy.act(batch)
+    batch[5] = 0.0
+    with pytest.raises(ShoalError, match=r"^observation 2 of 8 holds inf: "):
+        policy.act(batch)
+
+
 def test_a_policy_acts_on_read_only_arrays_without_torchs_warning():
     """Arrays decoded from bytes (``np.frombuffer``, as a caller reading observations off a network
     gets them) are read-only; ``act`` must copy them, not make a tensor over them, which torch
