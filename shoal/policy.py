@@ -670,9 +670,14 @@ def set_weights(module: nn.Module, weights: Weights) -> None:
     module.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
 
 
+def non_finite_rows(x: np.ndarray) -> np.ndarray:
+    """Indices of the rows of a batch ``x`` [N, ...] holding NaN or inf."""
+    return np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+
+
 def _non_finite(obs: np.ndarray, single: bool) -> str:
     """What :meth:`Policy.act` says of observations holding NaN or inf, naming the rows and values."""
-    rows = np.flatnonzero(~np.isfinite(obs.reshape(1 if single else len(obs), -1)).all(axis=1))
+    rows = non_finite_rows(obs[None] if single else obs)
     *others, last = sorted({str(v) for v in obs[~np.isfinite(obs)].tolist()})  # "-inf", "inf", "nan"
     values = f"{', '.join(others)} and {last}" if others else last
     where = "the observation" if single else (

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from shoal import devices
 from shoal.errors import Diverged, ShoalError
-from shoal.policy import Moments, set_up_torch, set_weights
+from shoal.policy import Moments, non_finite_rows, set_up_torch, set_weights
 
 
 @dataclass
@@ -217,7 +217,7 @@ class EnvRunner:
         """Raise for an env that returned a NaN or an infinity (row k is env ``envs[k]``): the
         runner fails (and is replaced) before the value reaches the learner."""
         bad_reward = np.flatnonzero(~np.isfinite(rewards))
-        row = bad_reward[0] if bad_reward.size else np.flatnonzero(~np.isfinite(obs.reshape(len(obs), -1)).all(1))[0]
+        row = bad_reward[0] if bad_reward.size else non_finite_rows(obs)[0]
         if bad_reward.size:  # the value, and where a NaN may come from: the vector env stores None as NaN
             none = " (a reward of None is stored as NaN)" if np.isnan(rewards[row]) else ""
             what = f"a reward of {rewards[row]}{none}"
