@@ -101,10 +101,10 @@ def test_apex_dqn_learns_cartpole_with_two_runners(ray_cluster, tmp_path, seed, 
     assert "learner/policy_lag_mean" in rows[0]
 
 
-@pytest.mark.parametrize("algo", ["impala", "appo"])
-def test_async_algorithms_solve_cartpole_with_two_runners(ray_cluster, tmp_path, algo):
-    """IMPALA/APPO: runners sample without waiting for the learner; V-trace corrects the lag."""
-    config = shoal.make_config(algo, "CartPole-v1", backend="ray", num_env_runners=2, seed=0, stop_return=475,
+def test_impala_solves_cartpole_with_two_runners(ray_cluster, tmp_path):
+    """IMPALA: runners sample without waiting for the learner; V-trace corrects the lag. (APPO
+    solves it through a runner's crash: tests/test_faults.py.)"""
+    config = shoal.make_config("impala", "CartPole-v1", backend="ray", num_env_runners=2, seed=0, stop_return=475,
                                progress=False, tensorboard=False)
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 475, summary
