@@ -83,7 +83,10 @@ class RunDir:
 
     def __init__(self, path: str | Path, tensorboard: bool = True):
         self.path = Path(path)
-        self.created = not self.path.exists()  # so a run that fails to start can remove it again
+        # what this run creates (the directory, and parents such as runs/), innermost first: a
+        # run that fails to start removes them again
+        self.made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self.created = self.path in self.made
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
@@ -164,10 +167,16 @@ class RunDir:
 
     def discard(self) -> None:
         """Undo a run that never got going (nothing in it is worth keeping): delete the directory
-        if this run created it, else what it wrote there, so the same --run-dir can be used again."""
+        if this run created it (and the parents it created, while empty), else what it wrote
+        there, so the same --run-dir can be used again."""
         self.release()
         if self.created:
             shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self.made[1:]:
+                try:
+                    parent.rmdir()  # only while empty: another run's directory keeps it
+                except OSError:
+                    break
             return
         for name in ("config.yaml", LIVE, LOCK):
             (self.path / name).unlink(missing_ok=True)

@@ -783,10 +783,21 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     assert code == 0, err
     code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
     assert code == 2 and "already holds a run" in err and "--resume" in err
-    failed = tmp_path / "never-started"
+    failed = tmp_path / "new" / "never-started"
     code, _, err = run_cli(capsys, "train", "ppo", "--backend", "ray", "--address", "127.0.0.1:9",
                            "--run-dir", str(failed), *FAST)
-    assert code == 2 and not failed.exists()
+    assert code == 2 and not (tmp_path / "new").exists()  # nor the parent it made for it
+
+
+def test_a_run_that_fails_to_start_leaves_no_runs_directory_behind(capsys, tmp_path, monkeypatch):
+    """The default run directory is runs/NAME: a run that fails in a new working directory takes
+    runs/ away again, and leaves a runs/ that holds another run as it was."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "train", "td3", "--env", "CartPole-v1")
+    assert code == 2 and "td3 needs continuous (Box) actions" in err and list(tmp_path.iterdir()) == [], err
+    (tmp_path / "runs" / "earlier").mkdir(parents=True)
+    code, _, err = run_cli(capsys, "train", "td3", "--env", "CartPole-v1")
+    assert code == 2 and [p.name for p in (tmp_path / "runs").iterdir()] == ["earlier"], err
 
 
 @pytest.mark.parametrize("argv, message", [
