@@ -89,13 +89,16 @@ class CheckpointPending(ShoalError):
 
 
 def resolve(path: str | Path) -> Path:
-    """A checkpoint directory from a checkpoint or run directory: the run's newest periodic
-    checkpoint, or its ``best`` when it stopped before writing a periodic one."""
+    """A checkpoint directory from a checkpoint or run directory (or the run's ``checkpoints``
+    directory): the run's newest periodic checkpoint, or its ``best`` when it stopped before
+    writing a periodic one."""
     p = Path(path)
     if not p.exists():
         raise ShoalError(f"{p} does not exist: give a run directory or a checkpoint directory")
     if is_checkpoint(p):
         return p
+    if p.name == "checkpoints" and not (p / "checkpoints").is_dir():  # a run's checkpoints directory: its run's
+        p = p.parent
     found = checkpoints_in(p)
     if found:
         return found[-1]

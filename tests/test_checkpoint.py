@@ -228,6 +228,16 @@ def test_ctrl_c_or_sigterm_writes_a_checkpoint_and_the_run_resumes(sig, tmp_path
     assert again.returncode == 2 and "already reached total_steps" in err
 
 
+def test_a_runs_checkpoints_directory_resolves_as_its_run_does(tiny, tmp_path):
+    """`shoal eval RUN/checkpoints` (a path completed one level too far) is the run's newest
+    checkpoint, not "no complete checkpoint"; so is a run directory named checkpoints."""
+    run = tmp_path / "checkpoints"
+    shoal.train(tiny(total_steps=128, checkpoint_interval=64), run_dir=run)
+    newest = ckpt.checkpoints_in(run)[-1]
+    assert ckpt.resolve(run / "checkpoints") == ckpt.resolve(run) == newest
+    assert ckpt.resolve(run / "checkpoints" / "best").name == "best"
+
+
 def test_a_run_directory_without_a_checkpoint_yet_says_when_one_comes(tmp_path):
     """`shoal eval` or `serve-policy --follow` started just after `shoal train`: not a bare "no
     checkpoint", but when the run writes one."""
