@@ -789,6 +789,21 @@ def test_a_run_directory_is_never_reused_or_left_empty(capsys, tmp_path):
     assert code == 2 and not (tmp_path / "new").exists()  # nor the parent it made for it
 
 
+def test_resume_of_a_checkpoint_inside_a_run_names_the_run_directory(capsys, tmp_path):
+    from shoal import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "64", "--run-dir", str(run), *FAST)
+    assert code == 0, err
+    for inside in (run / "checkpoints", ckpt.checkpoints_in(run)[-1]):
+        code, _, err = run_cli(capsys, "train", "--resume", str(inside), "--total-steps", "128", *FAST)
+        assert code == 2 and err.strip().endswith(
+            f"{inside} is not a shoal run directory (no config.yaml): it is in the run directory {run}, which "
+            "--resume takes (it goes on from the newest checkpoint)"), err
+    code, _, err = run_cli(capsys, "train", "--resume", str(tmp_path), "--total-steps", "128", *FAST)
+    assert code == 2 and err.strip().endswith(f"{tmp_path} is not a shoal run directory (no config.yaml)"), err
+
+
 def test_a_run_that_fails_to_start_leaves_no_runs_directory_behind(capsys, tmp_path, monkeypatch):
     """The default run directory is runs/NAME: a run that fails in a new working directory takes
     runs/ away again, and leaves a runs/ that holds another run as it was."""
