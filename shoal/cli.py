@@ -181,7 +181,7 @@ commands:
   train --resume RUN_DIR              continue a run from its newest checkpoint
   eval RUN_DIR_OR_CHECKPOINT          evaluate a trained policy (--episodes, --video DIR, --deterministic/--stochastic)
   export RUN_DIR_OR_CHECKPOINT        write the policy as an ONNX model (--out FILE.onnx), for runtimes without Python
-  plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time)
+  plot RUN_DIR [RUN_DIR ...]          learning curves (return vs env steps and vs wall time; runs/: each run in it)
   serve-env ENV_ID --num-envs N       serve envs to trainers and other languages over gRPC
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
@@ -369,9 +369,10 @@ class PlotArgs:
     """Plot learning curves of one or more runs, overlaid."""
 
     runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR [RUN_DIR ...]")]
-    """Run directories."""
+    """Run directories, or directories that hold runs (runs/: each run in it)."""
     out: str | None = None
-    """Output PNG (default: RUN_DIR/curve.png for one run, curves.png for several)."""
+    """Output PNG (default: RUN_DIR/curve.png for one run, DIR/curves.png for a directory of runs,
+    curves.png for several)."""
 
 
 def cmd_plot(argv: list[str], console: Console) -> int:
@@ -382,11 +383,20 @@ def cmd_plot(argv: list[str], console: Console) -> int:
     args = _parse(PlotArgs, argv, "shoal plot")
     if not args.runs:
         raise ShoalError("name at least one run directory: shoal plot RUN_DIR [RUN_DIR ...]")
-    for run in args.runs:
-        if not Path(run).is_dir():
+    runs = []
+    for run in map(Path, args.runs):
+        if not run.is_dir():
             raise ShoalError(f"{run} is not a directory")
-    out = args.out or (str(Path(args.runs[0]) / "curve.png") if len(args.runs) == 1 else "curves.png")
-    console.print(f"wrote {plot_runs(list(args.runs), out)}")
+        held = [] if (run / "progress.csv").exists() else sorted(
+            p for p in run.iterdir() if (p / "progress.csv").is_file())
+        runs += held or [run]  # a directory of runs (runs/) stands for each run in it
+    if args.out:
+        out = args.out
+    elif len(args.runs) == 1:
+        out = str(Path(args.runs[0]) / ("curve.png" if runs == [Path(args.runs[0])] else "curves.png"))
+    else:
+        out = "curves.png"
+    console.print(f"wrote {plot_runs(runs, out)}")
     return 0
 
 

@@ -225,6 +225,24 @@ def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys,
     assert (short / "curve.png").exists() and (short / "checkpoints" / "ckpt_000000001").is_dir()
 
 
+def test_plot_of_a_directory_of_runs_overlays_each_run_in_it(capsys, tmp_path):
+    runs = tmp_path / "runs"
+    for seed in (1, 2):
+        code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "128", "--seed", str(seed), "--run-dir",
+                               str(runs / f"s{seed}"), *FAST)
+        assert code == 0, err
+    (runs / "notes").mkdir()  # not a run: passed over
+    code, out, err = run_cli(capsys, "plot", str(runs))
+    assert code == 0 and out.strip() == f"wrote {runs / 'curves.png'}", err
+    from matplotlib.image import imread
+
+    code, out, err = run_cli(capsys, "plot", str(runs / "s1"), str(runs / "s2"), "--out", str(tmp_path / "both.png"))
+    assert code == 0, err
+    assert (imread(runs / "curves.png") == imread(tmp_path / "both.png")).all()  # the same two runs, overlaid
+    code, _, err = run_cli(capsys, "plot", str(runs / "notes"))  # a directory holding no run
+    assert code == 2 and "notes has no progress.csv" in err, err
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
