@@ -302,8 +302,8 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         run = next((p for p in Path(run_dir).parents[:2] if (p / "config.yaml").is_file()), None)
-        hint = f": it is in the run directory {run}, which --resume takes (it goes on from the newest checkpoint)"
-        raise ShoalError(f"{run_dir} is not a shoal run directory (no config.yaml){hint if run else ''}")
+        hint = f": it is inside the run directory {run}; give that" if run else ""
+        raise ShoalError(f"{run_dir} is not a shoal run directory (no config.yaml){hint}")
     saved = read_yaml(path)
     if "algo" not in saved:
         raise ShoalError(f"{path} does not name its algorithm")

@@ -816,8 +816,8 @@ def test_resume_of_a_checkpoint_inside_a_run_names_the_run_directory(capsys, tmp
     for inside in (run / "checkpoints", ckpt.checkpoints_in(run)[-1]):
         code, _, err = run_cli(capsys, "train", "--resume", str(inside), "--total-steps", "128", *FAST)
         assert code == 2 and err.strip().endswith(
-            f"{inside} is not a shoal run directory (no config.yaml): it is in the run directory {run}, which "
-            "--resume takes (it goes on from the newest checkpoint)"), err
+            f"{inside} is not a shoal run directory (no config.yaml): it is inside the run directory {run}; "
+            "give that"), err
     code, _, err = run_cli(capsys, "train", "--resume", str(tmp_path), "--total-steps", "128", *FAST)
     assert code == 2 and err.strip().endswith(f"{tmp_path} is not a shoal run directory (no config.yaml)"), err
 
