@@ -83,10 +83,9 @@ class RunDir:
 
     def __init__(self, path: str | Path, tensorboard: bool = True):
         self.path = Path(path)
-        # what this run creates (the directory, and parents such as runs/), innermost first: a
-        # run that fails to start removes them again
+        # what this run creates, innermost first: the directory (when new), and parents such as
+        # runs/; a run that fails to start removes them again
         self.made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        self.created = self.path in self.made
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
@@ -170,7 +169,7 @@ class RunDir:
         if this run created it (and the parents it created, while empty), else what it wrote
         there, so the same --run-dir can be used again."""
         self.release()
-        if self.created:
+        if self.made:  # made[0] is the directory itself: its parents all existed if it did
             shutil.rmtree(self.path, ignore_errors=True)
             for parent in self.made[1:]:
                 try:

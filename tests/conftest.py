@@ -99,3 +99,16 @@ def start_ray(**kwargs):
             ray.shutdown()
             if attempt == 1:
                 raise
+
+
+def check_asynchronous_loop(run_dir, num_env_runners):
+    """What a run of the asynchronous loop on Ray (IMPALA, APPO) logs in progress.csv: some
+    rollouts came from older weights (V-trace corrects the lag), the learner's queue held no more
+    than 2 rollouts per runner, and without --max-policy-lag nothing was dropped."""
+    import csv
+
+    with open(run_dir / "progress.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert max(float(r["learner/policy_lag_max"]) for r in rows) >= 1
+    assert all(float(r["learner/queue_depth"]) <= 2 * num_env_runners for r in rows)
+    assert float(rows[-1]["learner/dropped_rollouts"]) == 0
