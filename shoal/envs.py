@@ -108,9 +108,27 @@ def check_env_id(env_id: str) -> None:
         how = f"install the package that provides it, then --env MODULE:{env_id} to import it first"
         raise ShoalError(f"unknown environment {env_id!r}: no installed package registers the namespace "
                          f"{namespace!r} ({how})")
-    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.5)
+    close = close_env_ids(env_id)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `shoal envs` lists them"
     raise ShoalError(f"unknown environment {env_id!r}{hint}")
+
+
+def close_env_ids(env_id: str, n: int = 3) -> list[str]:
+    """Registered ids whose names (without "-vN", in any case) are close to ``env_id``'s, the
+    newest version of each first. Whole ids compared shared "-v0" too well: 'NoSuchEnv-v0' came
+    out as UpNDown-v0, and 'Taxi-v3' as Humanoid-v3 beside Taxi-v4."""
+    def stem(i: str) -> str:
+        return i.rsplit("-v", 1)[0].lower() if i.rpartition("-v")[2].isdigit() else i.lower()
+
+    def version(i: str) -> int:
+        tail = i.rpartition("-v")[2]
+        return int(tail) if tail.isdigit() else -1
+
+    by_stem: dict[str, list[str]] = {}
+    for i in gym.registry:
+        by_stem.setdefault(stem(i), []).append(i)
+    stems = difflib.get_close_matches(stem(env_id), list(by_stem), n=n, cutoff=0.6)
+    return [i for s in stems for i in sorted(by_stem[s], key=version, reverse=True)][:n]
 
 
 # Registrations that every process makes by itself: Gymnasium's own (on import) and those of the
