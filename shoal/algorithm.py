@@ -102,6 +102,7 @@ class Algorithm:
         self.held: deque[tuple[int, Any]] = deque()  # finished while the queue was full: runner waits
         self.queue_depths: list[int] = []  # queue length each time the learner took a batch
         self.runner_restarts = 0
+        self.sample_s_per_step: float | None = None  # the last synchronous rollouts' pace, per step of an env
         self.incarnations = [0] * config.num_env_runners
         self.failures_in_a_row = [0] * config.num_env_runners  # restarts of each runner since its last rollout
         self.runner_health: dict[int, dict[str, int]] = {}  # each runner's last reported counters
@@ -167,8 +168,11 @@ class Algorithm:
         is replaced under the same id, and the iteration completes with the others' rollouts."""
         c = self.config
         while True:
-            calls = {i: r.call_checked("sample_checked", c.steps_per_rollout) for i, r in enumerate(self.runners)}
+            steps, start = self._sync_rollout_steps(), time.perf_counter()
+            calls = {i: r.call_checked("sample_checked", steps) for i, r in enumerate(self.runners)}
             ok, failed = self.backend.collect({i: status for i, (status, _) in calls.items()}, c.runner_timeout_s)
+            if ok:
+                self.sample_s_per_step = (time.perf_counter() - start) / steps
             for i in sorted(failed):
                 self.backend.discard(calls[i][1])
                 self._restart_runner(i, failed[i])
@@ -179,6 +183,25 @@ class Algorithm:
                 break  # else every runner failed: sample again with the replacements
         result = self.backend.get(self.learner.call("update", *[calls[i][1] for i in sorted(ok)]))
         return result._replace(metrics={**result.metrics, **self.fault_metrics()})
+
+    def _sync_rollout_steps(self) -> int:
+        """Steps per env of the next synchronous rollouts: ``steps_per_rollout``, except before an
+        off-policy run's ``learning_starts``. There the actions are random, no update comes, and the
+        weights stay as they are, so up to ``WARMUP_ROLLOUT_STEPS`` steps come in one rollout
+        instead of paying an iteration's calls every step (TD3's 10k random steps on Pendulum
+        took 10 s in 1-step rollouts). The rollouts are whole numbers of iterations' worth and stop
+        where the short ones would: with one runner, training is the same step for step; with several,
+        the replay holds the same transitions in another order (each runner's in one run). Each
+        rollout is kept to a tenth of --runner-timeout-s at the last iteration's pace, so that a slow
+        env is not taken for a hung one."""
+        c = self.config
+        per_iteration = c.steps_per_rollout * c.num_envs_per_runner * len(self.runners)
+        left = getattr(c, "learning_starts", 0) - self.env_steps
+        if left <= per_iteration or self.sample_s_per_step is None:
+            return c.steps_per_rollout
+        most = min(EnvRunner.WARMUP_ROLLOUT_STEPS, int(c.runner_timeout_s / 10 / self.sample_s_per_step))
+        iterations = min(-(-left // per_iteration), most // c.steps_per_rollout)
+        return max(1, iterations) * c.steps_per_rollout
 
     def _restart_runner(self, i: int, reason: str) -> None:
         """Replace runner ``i`` (after a backoff): a new incarnation, same id, new env seeds; it

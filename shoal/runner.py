@@ -60,7 +60,7 @@ class RolloutSummary(NamedTuple):
 class EnvRunner:
     """Owns a vector env and a policy copy; ``sample(T)`` returns one Rollout of T steps per env."""
 
-    WARMUP_ROLLOUT_STEPS = 256  # Ape-X: the longest rollout while its replay shard is filling
+    WARMUP_ROLLOUT_STEPS = 256  # the longest rollout while the replay fills to learning_starts (Ape-X: its shard)
 
     def __init__(self, config, runner_id: int, store, policy_id: str = "default", replay=None, inference=None,
                  incarnation: int = 0):

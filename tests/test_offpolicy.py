@@ -344,6 +344,40 @@ def test_apex_rollouts_take_8_steps_unless_told_and_the_synchronous_loop_1():
     assert np.diff(steps[1:]).tolist() == [16, 16]  # once the shards hold learning_starts: 2 runners x 8
 
 
+@pytest.mark.parametrize("cls, env, extra, long", [
+    (TD3Config, "Pendulum-v1", {}, [2, 298] + [2] * 50),  # 2 envs x 1 step an iteration
+    (DQNConfig, "CartPole-v1", {"rollout_steps": 4}, [8, 296] + [8] * 12),  # 37 iterations' worth, to 304
+])
+def test_random_steps_before_learning_starts_come_in_long_rollouts_and_train_the_same(monkeypatch, cls, env, extra,
+                                                                                     long):
+    """Before learning_starts the synchronous loop samples the random steps left in one rollout
+    (up to 256 steps per env), which stops where the short ones would: with one runner, the same
+    transitions, updates and weights (DQN's epsilon included), in fewer iterations."""
+    from shoal.runner import EnvRunner
+
+    config = cls(env=env, hidden_sizes=(16,), batch_size=32, learning_starts=300, num_envs_per_runner=2,
+                 torch_threads=1, progress=False, tensorboard=False, **extra)
+
+    def run():
+        with shoal.make(config) as algo:
+            steps = []
+            while algo.env_steps < 400:
+                steps.append(algo.train()["env_steps"])
+            # a rollout takes at most a tenth of --runner-timeout-s at the last pace: 120 steps of 10 ms in 12 s
+            algo.config, algo.env_steps = dataclasses.replace(config, runner_timeout_s=12), 0
+            algo.sample_s_per_step = 0.01
+            return np.diff([0, *steps]).tolist(), algo.backend.get(algo.learner.call("get_weights")), \
+                algo._sync_rollout_steps()
+
+    got, weights, paced = run()
+    assert got == long and paced == 120
+    monkeypatch.setattr(EnvRunner, "WARMUP_ROLLOUT_STEPS", 1)  # every rollout as long as the config's
+    short, one_step_weights, _ = run()
+    assert short == [long[0]] * (400 // long[0] + (400 % long[0] > 0))
+    for k, v in weights.items():
+        np.testing.assert_array_equal(v, one_step_weights[k], err_msg=k)
+
+
 def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
     import csv
 
@@ -353,7 +387,9 @@ def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iterat
     iterations = []
     shoal.train(config, run_dir=tmp_path / "run", callback=lambda algo, metrics: iterations.append(metrics))
     rows = list(csv.DictReader(open(tmp_path / "run" / "progress.csv")))
-    assert len(iterations) == 1_234  # the callback still sees every iteration
+    # the callback still sees every iteration: the first rollout, then one of the 63 random steps
+    # left before learning_starts, then one step each
+    assert np.diff([0] + [m["env_steps"] for m in iterations]).tolist() == [1, 63] + [1] * 1_170
     assert [int(r["env_steps"]) for r in rows] == [500, 1_000, 1_234]
     for before, row in zip(rows, rows[1:]):  # each row's rate covers the iterations since the row before
         seconds = float(row["time/elapsed_s"]) - float(before["time/elapsed_s"])
@@ -374,7 +410,8 @@ def test_a_callback_that_returns_false_ends_the_run_as_any_stop_does(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "run" / "progress.csv")))
     assert [int(r["env_steps"]) for r in rows] == [500, 700]
     assert [int(r["env_steps"]) for r in csv.DictReader(open(tmp_path / "run" / "eval.csv"))] == [700]
-    assert summary["checkpoint"].endswith("ckpt_000000700") and (tmp_path / "run" / "curve.png").exists()
+    # iteration 638: the 63 random steps left before learning_starts after the first came in one
+    assert summary["checkpoint"].endswith("ckpt_000000638") and (tmp_path / "run" / "curve.png").exists()
     summary = shoal.train(dataclasses.replace(config, total_steps=300), run_dir=tmp_path / "on",
                           callback=lambda algo, metrics: None)
     assert not summary["stopped_by_callback"] and summary["env_steps"] == 300
