@@ -29,7 +29,9 @@ def ray_cluster():
 def sac_config(**kw):
     from shoal.algos.sac import SACConfig
 
-    return SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), batch_size=32, learning_starts=32, rollout_steps=8,
+    # 32 steps an iteration with 2 runners: the first, then the 64 random steps left in one rollout
+    # each (16 steps per env), then 2 iterations of updates
+    return SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), batch_size=32, learning_starts=96, rollout_steps=8,
                      num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
 
 
@@ -49,6 +51,7 @@ def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
             for _ in range(4):
                 metrics = algo_.train()
             assert metrics["learner/policy_version"] == 4
+            assert metrics["env_steps"] == (512 if algo.startswith("ppo") else 160)  # SAC: 32 + 64 + 32 + 32
             results[backend] = algo_.backend.get(algo_.learner.call("get_weights"))
     for k, v in results["local"].items():
         np.testing.assert_array_equal(v, results["ray"][k], err_msg=k)
