@@ -378,6 +378,13 @@ def test_random_steps_before_learning_starts_come_in_long_rollouts_and_train_the
         np.testing.assert_array_equal(v, one_step_weights[k], err_msg=k)
 
 
+def test_a_run_shorter_than_its_random_steps_ends_where_one_step_rollouts_would(tmp_path):
+    config = TD3Config(env="Pendulum-v1", hidden_sizes=(16,), learning_starts=300, total_steps=151,
+                       num_envs_per_runner=2, eval_episodes=1, torch_threads=1, progress=False, tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path)  # 2 steps, then 75 iterations' worth in one rollout: 152
+    assert summary["env_steps"] == 152
+
+
 def test_a_run_writes_a_row_every_log_interval_steps_and_one_for_its_last_iteration(tmp_path):
     import csv
 
