@@ -190,10 +190,11 @@ class Algorithm:
         weights stay as they are, so up to ``WARMUP_ROLLOUT_STEPS`` steps come in one rollout
         instead of paying an iteration's calls every step (TD3's 10k random steps on Pendulum
         took 10 s in 1-step rollouts). The rollouts are whole numbers of iterations' worth and stop
-        where the short ones would (at learning_starts, or total_steps if it comes first): with one runner, training is the same step for step; with several,
-        the replay holds the same transitions in another order (each runner's in one run). Each
-        rollout is kept to a tenth of --runner-timeout-s at the last iteration's pace, so that a slow
-        env is not taken for a hung one."""
+        where the short ones would (at learning_starts, or at total_steps if it comes first): with
+        one runner, training is the same step for step; with several, the replay holds the same
+        transitions in another order (each runner's in one run). Each rollout is kept to a tenth
+        of --runner-timeout-s at the last iteration's pace, so that a slow env is not taken for a
+        hung one."""
         c = self.config
         per_iteration = c.steps_per_rollout * c.num_envs_per_runner * len(self.runners)
         left = min(getattr(c, "learning_starts", 0), c.total_steps) - self.env_steps  # nor past the run's end
