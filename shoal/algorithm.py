@@ -197,7 +197,7 @@ class Algorithm:
         hung one."""
         c = self.config
         per_iteration = c.steps_per_rollout * c.num_envs_per_runner * len(self.runners)
-        left = min(getattr(c, "learning_starts", 0), c.total_steps) - self.env_steps  # nor past the run's end
+        left = min(getattr(c, "learning_starts", 0), c.total_steps) - self.env_steps
         if left <= per_iteration or self.sample_s_per_step is None:
             return c.steps_per_rollout
         most = min(EnvRunner.WARMUP_ROLLOUT_STEPS, int(c.runner_timeout_s / 10 / self.sample_s_per_step))
