@@ -117,18 +117,16 @@ def close_env_ids(env_id: str, n: int = 3) -> list[str]:
     """Registered ids whose names (without "-vN", in any case) are close to ``env_id``'s, the
     newest version of each first. Whole ids compared shared "-v0" too well: 'NoSuchEnv-v0' came
     out as UpNDown-v0, and 'Taxi-v3' as Humanoid-v3 beside Taxi-v4."""
-    def stem(i: str) -> str:
-        return i.rsplit("-v", 1)[0].lower() if i.rpartition("-v")[2].isdigit() else i.lower()
+    def name_and_version(i: str) -> tuple[str, int]:
+        name, sep, tail = i.rpartition("-v")
+        return (name.lower(), int(tail)) if sep and tail.isdigit() else (i.lower(), -1)
 
-    def version(i: str) -> int:
-        tail = i.rpartition("-v")[2]
-        return int(tail) if tail.isdigit() else -1
-
-    by_stem: dict[str, list[str]] = {}
+    by_name: dict[str, list[str]] = {}
     for i in gym.registry:
-        by_stem.setdefault(stem(i), []).append(i)
-    stems = difflib.get_close_matches(stem(env_id), list(by_stem), n=n, cutoff=0.6)
-    return [i for s in stems for i in sorted(by_stem[s], key=version, reverse=True)][:n]
+        by_name.setdefault(name_and_version(i)[0], []).append(i)
+    names = difflib.get_close_matches(name_and_version(env_id)[0], list(by_name), n=n, cutoff=0.6)
+    newest_first = lambda i: -name_and_version(i)[1]  # noqa: E731
+    return [i for name in names for i in sorted(by_name[name], key=newest_first)][:n]
 
 
 # Registrations that every process makes by itself: Gymnasium's own (on import) and those of the
