@@ -125,8 +125,7 @@ def close_env_ids(env_id: str, n: int = 3) -> list[str]:
     for i in gym.registry:
         by_name.setdefault(name_and_version(i)[0], []).append(i)
     names = difflib.get_close_matches(name_and_version(env_id)[0], list(by_name), n=n, cutoff=0.6)
-    newest_first = lambda i: -name_and_version(i)[1]  # noqa: E731
-    return [i for name in names for i in sorted(by_name[name], key=newest_first)][:n]
+    return [i for name in names for i in sorted(by_name[name], key=lambda i: name_and_version(i)[1], reverse=True)][:n]
 
 
 # Registrations that every process makes by itself: Gymnasium's own (on import) and those of the
