@@ -25,9 +25,12 @@ from shoal.policy import get_weights
 QUIET = dict(progress=False, tensorboard=False, eval_episodes=1, eval_interval=0, total_steps=10_000,
              max_runner_restarts=0)
 ON_POLICY = dict(num_envs_per_runner=4, rollout_steps=16)
-# one env, one update per step from the 64th: ~36 updates in 100 iterations
+ON_POLICY_ALGOS = ("ppo", "a2c", "trpo", "impala", "appo")  # trained for 4 iterations
+# one env, one update per step from the 64th: ~36 updates in OFF_POLICY_STEPS (counted in steps:
+# the random steps before learning_starts come in one rollout, Algorithm._sync_rollout_steps)
 OFF_POLICY = dict(num_envs_per_runner=1, rollout_steps=1, updates_per_step=1, learning_starts=64, batch_size=32,
                   hidden_sizes=(32, 32))
+OFF_POLICY_STEPS = 100
 CASES = {
     "ppo": ("ppo", "CartPole-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2, normalize_obs=True,
                                        normalize_rewards=True)),
@@ -93,11 +96,12 @@ def fakegpu(monkeypatch):
         yield fake_device.DEVICE
 
 
-def learner_state(config, iterations, save_to=None, roles=lambda algo: [algo.learner, *algo.inference]):
-    """The learner's state after ``iterations``, and the devices the policies of ``roles`` are on
-    (the learner's and the inference servers', by default)."""
+def learner_state(config, length, save_to=None, roles=lambda algo: [algo.learner, *algo.inference]):
+    """The learner's state after ``length`` (``iterations`` and ``steps``: as many iterations
+    and at least as many env steps), and the devices the policies of ``roles`` are on (the
+    learner's and the inference servers', by default)."""
     with shoal.make(config) as algo:
-        for _ in range(iterations):
+        while algo.iteration < length.get("iterations", 0) or algo.env_steps < length.get("steps", 0):
             algo.train()
         devices = {p.device.type for role in roles(algo) for p in role.obj.policy.parameters()}
         if save_to is not None:
@@ -108,11 +112,11 @@ def learner_state(config, iterations, save_to=None, roles=lambda algo: [algo.lea
 @pytest.mark.parametrize("case", CASES)
 def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_path, case):
     algo, env, settings = CASES[case]
-    iterations = 4 if algo in ("ppo", "a2c", "trpo", "impala", "appo") else 100  # (off-policy: ~36 updates)
-    cpu, where = learner_state(make_config(algo, env, device="cpu", **QUIET, **settings), iterations)
+    length = {"iterations": 4} if algo in ON_POLICY_ALGOS else {"steps": OFF_POLICY_STEPS}
+    cpu, where = learner_state(make_config(algo, env, device="cpu", **QUIET, **settings), length)
     assert where == {"cpu"}
     config = make_config(algo, env, device=fakegpu, **QUIET, **settings)
-    device, where = learner_state(config, iterations, save_to=tmp_path / "ck")
+    device, where = learner_state(config, length, save_to=tmp_path / "ck")
     assert where == {"fakegpu"}
     assert cpu["weights"].keys() == device["weights"].keys()
     for k, value in cpu["weights"].items():
@@ -129,9 +133,9 @@ def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_pat
             resumed.train()
 
 
-def runner_state(config, iterations, save_to=None):
-    """The learner's state after ``iterations``, and the devices the runners' policies are on."""
-    return learner_state(config, iterations, save_to, roles=lambda algo: algo.runners)
+def runner_state(config, length, save_to=None):
+    """The learner's state after ``length``, and the devices the runners' policies are on."""
+    return learner_state(config, length, save_to, roles=lambda algo: algo.runners)
 
 
 def resume_with_runners_on(checkpoint, runner_device):
@@ -147,11 +151,16 @@ def test_runners_act_on_a_device_as_they_do_on_the_cpu(fakegpu, tmp_path, case):
     """Same seeds, the same run: the draws of the device's generator are the CPU's (tests/fake_device.py),
     so the weights after some iterations are the CPU run's whatever acted."""
     algo, env, settings = RUNNER_CASES[case]
-    iterations = 4 if algo == "ppo" else 100
-    cpu, where = runner_state(make_config(algo, env, **QUIET, **settings), iterations)
+    if algo in ON_POLICY_ALGOS:
+        length = {"iterations": 4}
+    elif settings.get("apex"):
+        length = {"iterations": 100}  # of Ape-X's asynchronous loop
+    else:
+        length = {"steps": OFF_POLICY_STEPS}
+    cpu, where = runner_state(make_config(algo, env, **QUIET, **settings), length)
     assert where == {"cpu"}
     config = make_config(algo, env, device=fakegpu, runner_device=fakegpu, **QUIET, **settings)
-    device, where = runner_state(config, iterations, save_to=tmp_path / "ck")
+    device, where = runner_state(config, length, save_to=tmp_path / "ck")
     assert where == {"fakegpu"}
     tolerance = 1e-4 if "lstm" in case else 1e-6 if "images" in case else 0
     for k, value in cpu["weights"].items():
