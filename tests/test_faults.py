@@ -334,7 +334,8 @@ def test_runners_killed_crashed_or_hung_are_replaced_and_the_run_still_solves(fa
     other runner's rollout completes the iteration: runner 0 is killed (ray.kill) in a stall in
     iteration 5, its replacement's process dies in iteration 9, runner 1 hangs past
     --runner-timeout-s in iteration 13. A kill and a crash are seen as deaths at once, not waited
-    out as hangs. PPO still solves CartPole within its budget."""
+    out as hangs. PPO still solves CartPole within its budget: this is also the ray backend's solve
+    (PPO's preset, 2 runners, 475 within 100k steps), which a run without faults repeated."""
     import ray
 
     with shoal.make(cartpole(seed=10, backend="ray", num_env_runners=2, runner_timeout_s=10.0)) as algo:
