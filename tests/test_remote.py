@@ -9,7 +9,6 @@ import pytest
 import yaml
 from conftest import raw_call, status_of
 
-import shoal
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
 from shoal.remote.client import RemoteVectorEnv
@@ -106,18 +105,8 @@ def test_the_served_env_is_made_with_the_servers_env_kwargs(servers):
     env.close()
 
 
-def test_ppo_learns_cartpole_through_two_env_servers(servers, tmp_path):
-    from shoal.algos.ppo import PPOConfig
-    from shoal.config import build
-
-    a, b = servers(num_envs=4), servers(num_envs=4)
-    # remote://HOSTS/ENV_ID: the CartPole-v1 preset applies to the remote envs
-    config = build(PPOConfig, "ppo", env=f"remote://{a.address},{b.address}/CartPole-v1", sets={
-        "seed": 0, "total_steps": 100_000, "stop_return": 475, "progress": False, "tensorboard": False})
-    assert config.env.startswith("remote://") and config.rollout_steps == 32  # the preset's
-    summary = shoal.train(config, run_dir=tmp_path / "run")
-    assert summary["best_eval_return"] >= 475, summary
-    assert a.steps_served >= summary["env_steps"] // 2 and b.steps_served >= summary["env_steps"] // 2
+# PPO solves CartPole through remote envs spread over two env servers in tests/test_faults.py,
+# through a restart of one of them.
 
 
 def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eval_on_a_local_copy(servers, tmp_path, capsys):
