@@ -184,6 +184,7 @@ class _RAY:
 
     started = False  # shoal called ray.init (a Ray the user started is theirs to shut down)
     users = 0  # RayBackends not yet shut down
+    script_env: Any = None  # the EnvSpec of the script's env that shoal's last ray.init hands its workers
 
 
 class RayBackend:
@@ -205,10 +206,11 @@ class RayBackend:
         from shoal.envs import registered_here
 
         spec = registered_here(config.env)  # an env registered by the user's script: the workers need it too
-        if spec is not None and not self.owns_ray:
-            raise ShoalError(f"{config.env} is registered in this process only, and Ray was started before shoal "
-                             f"could hand the registration to its workers: give the env as 'MODULE:{config.env}', "
-                             "MODULE being the module that registers it")
+        shoals_own = _RAY.started and spec == _RAY.script_env  # the Ray shoal started here, for this env
+        if spec is not None and not self.owns_ray and not shoals_own:
+            raise ShoalError(f"{config.env} is registered in this process only, and Ray was started without it "
+                             "(Ray hands a script's env to its workers only as it starts): give the env as "
+                             f"'MODULE:{config.env}', MODULE being the module that registers it")
         if self.owns_ray:
             _check_reachable(address)
             if address is None:
@@ -226,6 +228,7 @@ class RayBackend:
                 hook = {} if spec is None else {"runtime_env": {"worker_process_setup_hook": _registering(spec)}}
                 ray.init(address=address or "local", include_dashboard=False,
                          logging_level=logging.WARNING, log_to_driver=True, **hook)
+                _RAY.script_env = spec
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
                 where = address or "a new local cluster"
                 raise ShoalError(f"cannot start or reach Ray at {where}: {str(e).splitlines()[0]} "

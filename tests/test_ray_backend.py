@@ -154,26 +154,6 @@ def test_runners_waiting_for_cpus_another_run_holds_say_so_and_start_once_they_f
         assert second.train()["env_steps"] == 64
 
 
-def test_the_ray_shoal_started_outlives_the_first_of_two_algorithms_to_stop(tmp_path):
-    """Two Algorithms in one process (a notebook): the first one's stop() must not shut down the
-    Ray the other still uses; the last one's does. In a fresh process, so that shoal starts Ray."""
-    import subprocess
-    import sys
-
-    script = (
-        "import ray, shoal\n"
-        "from conftest import small_ppo\n"
-        "config = small_ppo(backend='ray', num_env_runners=1)\n"
-        "first, second = shoal.make(config), shoal.make(config)\n"
-        "first.train(); first.stop()\n"
-        "print(second.train()['env_steps'], ray.is_initialized())\n"
-        "second.stop()\n"
-        "print(ray.is_initialized())\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                          cwd=Path(__file__).parent)
-    assert done.returncode == 0 and done.stdout.split() == ["64", "True", "False"], done.stderr[-2000:]
-
-
 def test_train_and_resume_on_ray_say_where_the_roles_start_before_they_do(ray_cluster, tiny, tmp_path):
     """Ray's start is seconds of silence before the first progress line: shoal says what starts, and
     where (here, the cluster this process already runs; a new local one and one joined by address
@@ -266,6 +246,7 @@ import sys
 
 import gymnasium as gym
 import numpy as np
+import ray
 
 import shoal
 
@@ -287,36 +268,53 @@ class Corridor(Base):  # defined in the script itself, as in a notebook; given a
         return np.full(2, self.t / 10, np.float32), float(action), self.t >= 10, False, {}
 
 
-config = shoal.PPOConfig(env=Corridor, backend="ray", num_env_runners=2, num_envs_per_runner=2,
+config = shoal.PPOConfig(env=Corridor, backend="ray", num_env_runners=1, num_envs_per_runner=2,
                          rollout_steps=16, minibatch_size=32, total_steps=640, eval_episodes=2, progress=False,
                          tensorboard=False)
+# two Algorithms in one process, as in a notebook: the first to stop (train's) must leave the Ray
+# that shoal started up for the other, and the last one's stop shuts it down
+other = shoal.make(config)
 print("best", shoal.train(config, run_dir=sys.argv[1])["best_eval_return"], config.env)
+print(other.train()["env_steps"], ray.is_initialized())
+other.stop()
+print(ray.is_initialized())
 """
 
 
-def test_an_env_registered_by_the_users_script_reaches_the_ray_workers(ray_cluster, tmp_path):
+def test_a_scripts_env_reaches_the_ray_workers_and_ray_outlives_the_first_of_two_algorithms_to_stop(
+        ray_cluster, tmp_path, monkeypatch):
     """An env class of the script itself (no module to import it from), registered as gym.register
     in the script would: the run's Ray workers get the registration through Ray's worker setup hook,
     as RLlib users get theirs with register_env, though the class derives from a module beside the
-    script. Where Ray was started before shoal (here: this module's cluster), there is no hook to
-    set: one clear line."""
+    script. Where Ray was started without it (here: this module's cluster; or by shoal, for another
+    env), its workers cannot learn it: one clear line. The script (a fresh process, so that shoal starts Ray) also holds a second
+    Algorithm while the first trains and stops: Ray stays up for it, and goes with the last stop."""
     import subprocess
     import sys
 
     import gymnasium as gym
+
+    import shoal.backends
 
     script = tmp_path / "script.py"
     script.write_text(SCRIPT_ENV)
     (tmp_path / "corridor_base.py").write_text("import gymnasium as gym\n\nclass Base(gym.Env):\n    pass\n")
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path.parent)  # not cwd: the script's own directory is searched
-    assert done.returncode == 0 and "best " in done.stdout and done.stdout.split()[-1] == "Corridor", done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    best, steps, after = done.stdout.splitlines()
+    assert best.startswith("best ") and best.endswith(" Corridor"), done.stdout
+    assert (steps, after) == ("32 True", "False")
 
     class Here(gym.Wrapper):
         def __init__(self):
             super().__init__(gym.make("CartPole-v1"))
 
     gym.register("ShoalTestHere-v0", entry_point=Here)
-    with pytest.raises(shoal.ShoalError, match="^ShoalTestHere-v0 is registered in this process only, and Ray was "
-                                               "started before shoal .* give the env as 'MODULE:ShoalTestHere-v0'"):
-        shoal.make(PPOConfig(env="ShoalTestHere-v0", backend="ray", progress=False))
+    for started_for in (None, gym.spec("CartPole-v1")):  # Ray the user started; the Ray shoal started for another env
+        monkeypatch.setattr(shoal.backends._RAY, "started", started_for is not None)
+        monkeypatch.setattr(shoal.backends._RAY, "script_env", started_for)
+        with pytest.raises(shoal.ShoalError, match="^ShoalTestHere-v0 is registered in this process only, and Ray "
+                                                   "was started without it .* give the env as "
+                                                   "'MODULE:ShoalTestHere-v0'"):
+            shoal.make(PPOConfig(env="ShoalTestHere-v0", backend="ray", progress=False))
