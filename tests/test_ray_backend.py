@@ -287,8 +287,9 @@ def test_a_scripts_env_reaches_the_ray_workers_and_ray_outlives_the_first_of_two
     in the script would: the run's Ray workers get the registration through Ray's worker setup hook,
     as RLlib users get theirs with register_env, though the class derives from a module beside the
     script. Where Ray was started without it (here: this module's cluster; or by shoal, for another
-    env), its workers cannot learn it: one clear line. The script (a fresh process, so that shoal starts Ray) also holds a second
-    Algorithm while the first trains and stops: Ray stays up for it, and goes with the last stop."""
+    env), its workers cannot learn it: one clear line. The script (a fresh process, so that shoal
+    starts Ray) also holds a second Algorithm while the first trains and stops: Ray stays up for
+    it, and goes with the last stop."""
     import subprocess
     import sys
 
