@@ -25,7 +25,7 @@ from shoal.policy import get_weights
 QUIET = dict(progress=False, tensorboard=False, eval_episodes=1, eval_interval=0, total_steps=10_000,
              max_runner_restarts=0)
 ON_POLICY = dict(num_envs_per_runner=4, rollout_steps=16)
-ON_POLICY_ALGOS = ("ppo", "a2c", "trpo", "impala", "appo")  # trained for 4 iterations
+ON_POLICY_ALGOS = ("ppo", "a2c", "trpo", "impala", "appo")
 # one env, one update per step from the 64th: ~36 updates in OFF_POLICY_STEPS (counted in steps:
 # the random steps before learning_starts come in one rollout, Algorithm._sync_rollout_steps)
 OFF_POLICY = dict(num_envs_per_runner=1, rollout_steps=1, updates_per_step=1, learning_starts=64, batch_size=32,
@@ -96,6 +96,14 @@ def fakegpu(monkeypatch):
         yield fake_device.DEVICE
 
 
+def training_length(algo, settings):
+    """How long a case trains: 4 iterations on-policy, 100 of Ape-X's asynchronous loop, and
+    OFF_POLICY_STEPS env steps for the other off-policy runs."""
+    if algo in ON_POLICY_ALGOS:
+        return {"iterations": 4}
+    return {"iterations": 100} if settings.get("apex") else {"steps": OFF_POLICY_STEPS}
+
+
 def learner_state(config, length, save_to=None, roles=lambda algo: [algo.learner, *algo.inference]):
     """The learner's state after ``length`` (``iterations`` and ``steps``: as many iterations
     and at least as many env steps), and the devices the policies of ``roles`` are on (the
@@ -112,7 +120,7 @@ def learner_state(config, length, save_to=None, roles=lambda algo: [algo.learner
 @pytest.mark.parametrize("case", CASES)
 def test_every_learner_trains_on_a_device_as_it_does_on_the_cpu(fakegpu, tmp_path, case):
     algo, env, settings = CASES[case]
-    length = {"iterations": 4} if algo in ON_POLICY_ALGOS else {"steps": OFF_POLICY_STEPS}
+    length = training_length(algo, settings)
     cpu, where = learner_state(make_config(algo, env, device="cpu", **QUIET, **settings), length)
     assert where == {"cpu"}
     config = make_config(algo, env, device=fakegpu, **QUIET, **settings)
@@ -151,12 +159,7 @@ def test_runners_act_on_a_device_as_they_do_on_the_cpu(fakegpu, tmp_path, case):
     """Same seeds, the same run: the draws of the device's generator are the CPU's (tests/fake_device.py),
     so the weights after some iterations are the CPU run's whatever acted."""
     algo, env, settings = RUNNER_CASES[case]
-    if algo in ON_POLICY_ALGOS:
-        length = {"iterations": 4}
-    elif settings.get("apex"):
-        length = {"iterations": 100}  # of Ape-X's asynchronous loop
-    else:
-        length = {"steps": OFF_POLICY_STEPS}
+    length = training_length(algo, settings)
     cpu, where = runner_state(make_config(algo, env, **QUIET, **settings), length)
     assert where == {"cpu"}
     config = make_config(algo, env, device=fakegpu, runner_device=fakegpu, **QUIET, **settings)
