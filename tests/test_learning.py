@@ -82,8 +82,10 @@ def test_discrete_sac_balances_cartpole_within_10k_steps(tmp_path):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dqn_learns_frozenlake_from_one_hot_observations(seed, tmp_path):
-    # Discrete observations reach the MLP one-hot; the best policy of slippery FrozenLake wins ~74-82%
-    config = offpolicy("dqn", "FrozenLake-v1", seed=seed, stop_return=0.7)
+    """Discrete observations reach the MLP one-hot; the best policy of slippery FrozenLake wins
+    ~74-82%. Evaluated every 1,000 steps (the preset: 2,500), seed 0 reaches 0.72 at 4k steps and
+    stops there, where it stopped at 5k (0.8) in 43 s of the suite: the same training either way."""
+    config = offpolicy("dqn", "FrozenLake-v1", seed=seed, stop_return=0.7, eval_interval=1000)
     assert config.total_steps <= 50_000 and config.eval_episodes == 100
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= 0.7, summary
