@@ -538,9 +538,9 @@ def test_the_shoal_script_imports_an_env_module_from_the_working_directory(tmp_p
         done = subprocess.run([script, "train", "ppo", "--env", env_id, "--total-steps", "256", *FAST,
                                "--run-dir", run], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "Overriding environment" not in done.stderr, done.stderr  # registered once
-        done = subprocess.run([script, "eval", run, "--episodes", "1"], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)  # a new process: it registers Hall again, as a Ray worker does
-        assert done.returncode == 0 and f"{env_id}: return" in done.stdout, done.stderr
+    done = subprocess.run([script, "eval", "hall", "--episodes", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)  # a new process: it registers Hall again, as a Ray worker does
+    assert done.returncode == 0 and "my_envs:Hall: return" in done.stdout, done.stderr
     done = subprocess.run([script, "train", "ppo", "--env", "my_envs:helper"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # not an Env class: not registered
     assert done.returncode == 2 and "unknown environment 'helper'" in done.stderr, done.stderr
