@@ -5,7 +5,7 @@ runners (--runners, default 2), in one process each, one after the other:
 
 1. Throughput: env steps per second of training (sampling and learning; evaluation excluded) over
    --steps env steps after a warm-up iteration. PPO's runners wait while its learner runs 20
-   epochs; APPO's keep sampling while its learner runs 4 epochs on queued rollouts. A third row
+   epochs; APPO's keep sampling while its learner runs 2 epochs on queued rollouts. A third row
    gives APPO PPO's 20 epochs, to separate the loop's gain from the lighter learner work.
 2. Time to a mean eval return of 475 (wall time from `shoal.make`, start-up included; evaluation
    every 4096 steps, 10 deterministic episodes), per seed.
