@@ -22,7 +22,7 @@ import torch
 import shoal
 from shoal.algos import make_config
 from test_device import (CASES, OFF_POLICY, QUIET, RUNNER_CASES, WAIT_CASES, learner_state, resume_with_runners_on,
-                         runner_state)
+                         runner_state, training_length)
 
 SHOAL = str(Path(shoal.__file__).parent)  # shoal's own files: torch syncs once when first used
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -31,9 +31,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
 @pytest.mark.parametrize("case", CASES)
 def test_every_learner_trains_on_cuda_and_its_checkpoint_resumes_on_either_device(tmp_path, case):
     algo, env, settings = CASES[case]
-    iterations = 4 if algo in ("ppo", "a2c", "trpo", "impala", "appo") else 100
-    state, where = learner_state(make_config(algo, env, device="cuda", **QUIET, **settings), iterations,
-                                 save_to=tmp_path / "ck")
+    state, where = learner_state(make_config(algo, env, device="cuda", **QUIET, **settings),
+                                 training_length(algo, settings), save_to=tmp_path / "ck")
     assert where == {"cuda"}
     assert all(np.isfinite(w).all() for w in state["weights"].values())
     for resume_on in ("cpu", "cuda"):
@@ -72,7 +71,7 @@ def test_a_learners_updates_make_the_host_wait_for_the_gpu_no_more_often(algo, e
 def test_runners_act_on_cuda_and_resume_on_either_device(tmp_path, case):
     algo, env, settings = RUNNER_CASES[case]
     state, where = runner_state(make_config(algo, env, device="cuda", runner_device="cuda", **QUIET, **settings),
-                                4 if algo == "ppo" else 100, save_to=tmp_path / "ck")
+                                training_length(algo, settings), save_to=tmp_path / "ck")
     assert where == {"cuda"}
     assert all(np.isfinite(w).all() for w in state["weights"].values())
     for runner_device in ("cpu", "cuda"):  # a CUDA generator's state does not fit a CPU one: reseeded
