@@ -368,14 +368,16 @@ def test_ppo_learns_taxi_with_its_action_mask(tmp_path):
     assert summary["best_eval_return"] >= 7.0, summary
     policy = shoal.load_policy(summary["checkpoint"])
     env = gym.make("Taxi-v4")
-    eye, returns = np.eye(500, dtype=np.float32), []
+    def flat(state, mask):  # what the policy learned from: the state one-hot, then the mask
+        return np.concatenate([np.eye(500, dtype=np.float32)[state], mask.astype(np.float32)])
+
+    returns = []
     for seed in range(20):
         state, info = env.reset(seed=seed)
         total, done = 0.0, False
         while not done:
             action = int(policy.act(state, action_mask=info["action_mask"]))
-            # as on what it learned from: the state one-hot, then the mask
-            assert action == int(policy.act(np.concatenate([eye[state], info["action_mask"].astype(np.float32)])))
+            assert action == int(policy.act(flat(state, info["action_mask"])))
             state, r, term, trunc, info = env.step(action)
             total += r
             done = term or trunc
@@ -392,8 +394,7 @@ def test_ppo_learns_taxi_with_its_action_mask(tmp_path):
         client = PolicyClient(server.address)
         with pytest.raises(Exception, match="end with an action mask of 6 entries: send flat vectors of 506"):
             client.act(np.array([state]))
-        flat = np.concatenate([np.eye(500, dtype=np.float32)[state], info["action_mask"].astype(np.float32)])
-        assert client.act(flat)[0] == policy.act(state, action_mask=info["action_mask"])
+        assert client.act(flat(state, info["action_mask"]))[0] == policy.act(state, action_mask=info["action_mask"])
     finally:
         server.stop(grace=0)
 
