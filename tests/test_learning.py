@@ -25,17 +25,36 @@ def test_ppo_solves_cartpole_within_100k_steps(seed, tmp_path):
     assert summary["env_steps"] <= 100_000
 
 
+def seeds_reaching(make_config, target, tmp_path, needed=2, seeds=(0, 1, 2)):
+    """Trains seed after seed until `needed` of `seeds` reach `target`, or too few are left to;
+    returns {seed: (best eval return, env steps)}. A seed's run goes another way on another CPU
+    (float sums round differently), so the slow tests' claims on hard-exploration envs are made of
+    most seeds, not of one."""
+    results = {}
+    for seed in seeds:
+        reached = sum(best >= target for best, _ in results.values())
+        if reached >= needed or reached + len(seeds) - len(results) < needed:
+            break
+        summary = shoal.train(make_config(seed), run_dir=tmp_path / f"seed{seed}")
+        results[seed] = (summary["best_eval_return"], summary["env_steps"])
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("env, target", [("LunarLanderContinuous-v3", 200), ("MountainCar-v0", -110)])
 def test_ppo_presets_of_rl_zoo_reach_their_envs_scores(env, target, tmp_path):
-    """rl-zoo's PPO settings as presets: seed 0 had 218 on LunarLanderContinuous-v3 at 508k steps
-    and -108 on MountainCar-v0 (reward and observation normalisation, 16 envs of 16 steps) at
-    620k, ~70 s each here, so with the slow tests."""
-    config = build(PPOConfig, "ppo", env=env,
-                   sets={"seed": 0, "stop_return": target, "progress": False, "tensorboard": False})
-    assert config.total_steps <= 1_000_000
-    summary = shoal.train(config, run_dir=tmp_path)
-    assert summary["best_eval_return"] >= target, summary
+    """rl-zoo's PPO settings as presets, two seeds of 0-2 at rl-zoo's score within the preset's
+    budget. LunarLanderContinuous-v3: seed 0 218 at 508k steps (AMD EPYC); on an Intel Xeon seed 0
+    241 at 262k and seed 1 208 at 311k. MountainCar-v0 (reward and observation normalisation, 16
+    envs of 16 steps): seed 0 -108 at 620k on the AMD EPYC, but -110.7 at best in its 1M on the
+    Intel Xeon, where seeds 1 and 2 had -107.9 at 320k and -108.1 at 660k. 2-5 minutes each, so
+    with the slow tests."""
+    def config(seed):
+        return build(PPOConfig, "ppo", env=env,
+                     sets={"seed": seed, "stop_return": target, "progress": False, "tensorboard": False})
+    assert config(0).total_steps <= 1_000_000
+    results = seeds_reaching(config, target, tmp_path)
+    assert sum(best >= target for best, _ in results.values()) >= 2, results
 
 
 def test_ppo_reaches_minus_250_on_pendulum_within_300k_steps(tmp_path):
@@ -152,13 +171,16 @@ def test_sac_with_gsde_walks_bipedalwalker(tmp_path):
 def test_td3_with_ornstein_uhlenbeck_noise_reaches_the_flag_of_mountain_car(tmp_path):
     """The MountainCarContinuous-v0 preset (rl-zoo's: an Ornstein-Uhlenbeck process of sigma 0.5
     explores), with 64x64 networks for time: the flag is worth 100, less the actions' cost, and a
-    policy that never finds it settles at ~0. Two minutes here, so with the slow tests; the
-    noise's own maths and its life in runners are tests/test_offpolicy.py's."""
-    config = offpolicy("td3", "MountainCarContinuous-v0", seed=0, stop_return=90, total_steps=60_000,
-                       hidden_sizes=(64, 64))
-    assert config.noise_type == "ornstein-uhlenbeck" and config.action_noise == 0.5
-    summary = shoal.train(config, run_dir=tmp_path)
-    assert summary["best_eval_return"] >= 90, summary
+    policy that never finds it settles at ~0. Two seeds of 0-2 reach 90 within 60k steps: on an
+    Intel Xeon seed 1 at 10k and seed 2 at 60k, while seed 0 found the flag only at 60k (62.9; 93
+    at 30k on the AMD EPYC). 4-7 minutes here, so with the slow tests; the noise's own maths and
+    its life in runners are tests/test_offpolicy.py's."""
+    def config(seed):
+        return offpolicy("td3", "MountainCarContinuous-v0", seed=seed, stop_return=90, total_steps=60_000,
+                         hidden_sizes=(64, 64))
+    assert config(0).noise_type == "ornstein-uhlenbeck" and config(0).action_noise == 0.5
+    results = seeds_reaching(config, 90, tmp_path)
+    assert sum(best >= 90 for best, _ in results.values()) >= 2, results
 
 
 @pytest.mark.slow
