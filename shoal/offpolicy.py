@@ -354,6 +354,7 @@ class OffPolicyLearner(Learner):
         exploration = [b.clone() for b in self.policy.buffers()]
         metrics = self._train(env_steps, max_updates)
         check_losses(metrics, self.version + 1, env_steps, self.config.lr)
+        self.report_cpu_wait(metrics)
         if metrics["learner/updates_this_call"] == 0 and max_updates is not None:
             time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them
         if metrics["learner/updates_this_call"] or not all(map(torch.equal, exploration, self.policy.buffers())):

@@ -22,6 +22,7 @@ from shoal import checkpoint as ckpt
 from shoal.algorithm import Algorithm, config_from_dict
 from shoal.config import read_yaml
 from shoal.errors import RoleFailed, ShoalError
+from shoal.learner import CPU_WAIT_WINDOW_S
 from shoal.plot import plot_runs
 from shoal.rundir import RunDir
 
@@ -54,6 +55,23 @@ class _StepRate(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         return Text("     -/s" if task.speed is None else f"{task.speed:>6,.0f}/s")
+
+
+CPU_WAIT_ADVICE = 0.25
+"""The ``learner/cpu_wait`` share from which :func:`fit` advises one torch thread (see
+:class:`shoal.learner.CpuWait`): 0.44 for SAC's 2 threads beside a busy process on 2 cores,
+0.01 alone."""
+
+
+def _cpu_wait_advice(metrics: dict[str, Any], threads: int) -> str | None:
+    """A line for the user when a learner's torch threads wait for CPUs others hold."""
+    share = metrics.get("learner/cpu_wait")
+    if threads < 2 or share is None or share < CPU_WAIT_ADVICE:
+        return None
+    return (f"note: the learner's threads waited for a CPU {share:.0%} of their time in the last "
+            f"{CPU_WAIT_WINDOW_S:.0f} s: other processes hold this machine's cores, and torch's {threads} "
+            f"threads wait for each other at every op, which can slow updates many times over; "
+            f"--torch-threads 1 (torch_threads=1) avoids that")
 
 
 PROGRESS_LINE_S = 30.0
@@ -173,6 +191,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
         with _sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
+            advised = False  # once a run
             while algo.env_steps < c.total_steps and not solved and not halted and not (ran and out_of_time()):
                 metrics, ran = algo.train(), True
                 if every(c.log_interval, algo.env_steps) > last_log:
@@ -182,6 +201,9 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     unlogged = metrics
                 if callback is not None:
                     halted = callback(algo, metrics) is False
+                if not advised and (advice := _cpu_wait_advice(metrics, c.torch_threads)):
+                    bar.console.print(advice, soft_wrap=True, highlight=False, markup=False)
+                    advised = True
                 if every(c.eval_interval, algo.env_steps) > last_eval:
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()

@@ -195,6 +195,26 @@ def test_progress_where_stderr_is_not_a_terminal_is_a_plain_line_every_interval(
     assert code == 0 and len(err.splitlines()) == 6 and "training to 512 env steps" in err, err  # that line and the summary's 5
 
 
+def test_a_learner_whose_threads_wait_for_cpus_advises_one_torch_thread_once(capsys, tmp_path, monkeypatch):
+    """Torch's threads wait for each other at every op, so beside processes that hold the cores
+    a learner with several slows many times over (shoal.learner.CpuWait): the run says so, once,
+    and progress.csv keeps the share."""
+    import shoal.learner
+
+    reads = iter(range(10**6))
+    monkeypatch.setattr(shoal.learner, "CPU_WAIT_WINDOW_S", 0.0)  # a window each update
+    monkeypatch.setattr(shoal.learner.CpuWait, "read", staticmethod(lambda: {"1": (next(reads) * 10**9,) * 2}))
+    for threads in (2, 1):
+        run = tmp_path / f"t{threads}"
+        code, _, err = run_cli(capsys, "train", "ppo", "--total-steps", "256", "--run-dir", str(run),
+                               "--torch-threads", str(threads), *FAST)
+        notes = [line for line in err.splitlines() if "waited for a CPU" in line]
+        assert code == 0 and len(notes) == (threads > 1), err
+        assert all("50% of their time" in n and "--torch-threads 1" in n for n in notes), notes
+        rows = shoal.rundir.read_rows(run / "progress.csv")
+        assert [float(r["learner/cpu_wait"]) for r in rows] == [0.5] * 4
+
+
 def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):
     import csv
 

@@ -1,5 +1,6 @@
 """Policy pieces: the normaliser's merge, the fast log-prob path, deployment ``act``, gradient clipping."""
 
+import os
 import subprocess
 import sys
 
@@ -289,3 +290,32 @@ def test_ortho_init_off_keeps_torchs_default_initialisation():
         bound = 1 / layer.in_features ** 0.5
         assert layer.weight.abs().max() <= bound and layer.bias.abs().max() <= bound and layer.bias.any()
     assert default.actor[-1].weight.abs().max() > 0.05  # not the 0.01 gain
+
+
+CPU_WAIT_PROBE = """
+import os, subprocess, sys, time
+import shoal.learner as learner
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if sys.argv[1] == "hog" else None  # the same CPU
+learner.CPU_WAIT_WINDOW_S = 1.5
+watch = learner.CpuWait()
+while watch.poll() is None:  # busy for a window
+    pass
+print(watch.share)
+if hog:
+    hog.kill()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux's CPU affinity and schedstat")
+def test_cpu_wait_is_the_share_of_time_a_process_waited_for_its_cpu():
+    """A busy process pinned to one CPU waits for it about half the time beside another busy one,
+    and hardly at all alone (below the share from which the trainer advises one thread)."""
+    from shoal.trainer import CPU_WAIT_ADVICE
+
+    shares = {}
+    for case in ("alone", "hog"):
+        out = subprocess.run([sys.executable, "-c", CPU_WAIT_PROBE, case], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        shares[case] = float(out.stdout)
+    assert shares["alone"] < CPU_WAIT_ADVICE < 0.3 < shares["hog"] < 0.7, shares
