@@ -41,6 +41,7 @@ def seeds_reaching(make_config, target, tmp_path, needed=2, seeds=(0, 1, 2)):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # up to three runs, past the suite's 900 s a test
 @pytest.mark.parametrize("env, target", [("LunarLanderContinuous-v3", 200), ("MountainCar-v0", -110)])
 def test_ppo_presets_of_rl_zoo_reach_their_envs_scores(env, target, tmp_path):
     """rl-zoo's PPO settings as presets, two seeds of 0-2 at rl-zoo's score within the preset's
@@ -157,6 +158,7 @@ def test_sac_with_gsde_reaches_the_flag_of_mountain_car(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 20 minutes here, past the suite's 900 s a test
 def test_sac_with_gsde_walks_bipedalwalker(tmp_path):
     """rl-zoo's BipedalWalker-v3 preset (gSDE held for rollouts of 64 steps, 400x300 networks):
     seed 0 had -50 at 60k steps, 105 at 70k, 199 at 80k and 240 at 100k (20 min here, with the
@@ -168,6 +170,7 @@ def test_sac_with_gsde_walks_bipedalwalker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # up to three runs, past the suite's 900 s a test
 def test_td3_with_ornstein_uhlenbeck_noise_reaches_the_flag_of_mountain_car(tmp_path):
     """The MountainCarContinuous-v0 preset (rl-zoo's: an Ornstein-Uhlenbeck process of sigma 0.5
     explores), with 64x64 networks for time: the flag is worth 100, less the actions' cost, and a
