@@ -1,6 +1,7 @@
 """The shoal command as a user meets it: the happy path, and one clear line for each mistake."""
 
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
@@ -201,7 +202,7 @@ def test_a_learner_whose_threads_wait_for_cpus_advises_one_torch_thread_once(cap
     and progress.csv keeps the share."""
     import shoal.learner
 
-    reads = iter(range(10**6))
+    reads = itertools.count()
     monkeypatch.setattr(shoal.learner, "CPU_WAIT_WINDOW_S", 0.0)  # a window each update
     monkeypatch.setattr(shoal.learner.CpuWait, "read", staticmethod(lambda: {"1": (next(reads) * 10**9,) * 2}))
     for threads in (2, 1):

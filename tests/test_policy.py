@@ -296,7 +296,8 @@ CPU_WAIT_PROBE = """
 import os, subprocess, sys, time
 import shoal.learner as learner
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if sys.argv[1] == "hog" else None  # the same CPU
+busy = "import time\\nend = time.monotonic() + 20\\nwhile time.monotonic() < end:\\n    pass"  # ends by itself
+hog = subprocess.Popen([sys.executable, "-c", busy]) if sys.argv[1] == "hog" else None  # on the same CPU
 learner.CPU_WAIT_WINDOW_S = 1.5
 watch = learner.CpuWait()
 while watch.poll() is None:  # busy for a window
