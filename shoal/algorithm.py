@@ -444,8 +444,14 @@ class Algorithm:
     def _check_network_fits(self, path: Path) -> None:
         """Refuse, in one line and before any role loads it, a checkpoint whose network these
         settings do not build (``hidden_sizes``, ``dueling``, ``normalize_obs`` or the env's
-        spaces changed since it was written)."""
+        spaces changed since it was written), or one of another ``--encoder`` class (whose
+        parameters may have the same names and shapes, and mean something else)."""
         payload = ckpt.read_policy(path)
+        encoder = payload["config"].get("encoder")
+        if encoder != self.config.encoder:
+            raise ShoalError(f"checkpoint {path} holds a network with --encoder {encoder or '(none)'}, "
+                             f"and these settings build one with --encoder {self.config.encoder or '(none)'}: "
+                             "resume with the run's own encoder")
         here = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
         there = payload["weights"]
 

@@ -196,7 +196,8 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run),
 --env-kwargs KEY=VALUE ... (the env constructor's keyword arguments, as gym.make takes them:
---env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs)."""
+--env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs),
+--encoder-kwargs KEY=VALUE ... (the --encoder class's keyword arguments; setting encoder_kwargs)."""
 
 
 def _pre_parser(prog: str) -> argparse.ArgumentParser:
@@ -206,6 +207,8 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--resume")
     pre.add_argument("--env", action="append")  # repeated: several remote:// env servers
     pre.add_argument("--env-kwargs", action="append", nargs="+", default=[])
+    pre.add_argument("--encoder")  # with --encoder-kwargs, which a config checks against it
+    pre.add_argument("--encoder-kwargs", action="append", nargs="+", default=[])
     return pre
 
 
@@ -220,6 +223,11 @@ def cmd_train(argv: list[str], console: Console) -> int:
     sets = cfg.parse_set([item for group in known.set for item in group])
     if known.env_kwargs:
         sets["env_kwargs"] = cfg.parse_set([item for group in known.env_kwargs for item in group], "--env-kwargs")
+    if known.encoder:
+        sets["encoder"] = known.encoder
+    if known.encoder_kwargs:
+        sets["encoder_kwargs"] = cfg.parse_set([item for group in known.encoder_kwargs for item in group],
+                                               "--encoder-kwargs")
     env = cfg.env_setting(known.env) if known.env else None
     if known.resume:
         from shoal.algorithm import config_from_dict

@@ -73,10 +73,18 @@ class Config:
     run_dir: str | None = None
     """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the policy and value networks (image observations: a convolutional
-    encoder with linear heads instead)."""
+    """Hidden layer widths of the policy and value networks (image observations with shoal's
+    convolutional encoder: linear heads on its features instead)."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden-layer activation."""
+    encoder: str | None = None
+    """Your own feature extractor, 'module:ClassName': a torch.nn.Module subclass built as
+    ClassName(input_space, **encoder_kwargs). It reads a batch of flat float32 observations [N, D]
+    (images: [N, C, H, W] scaled to [0, 1]) and returns features [N, K], which the algorithm's MLPs
+    (hidden_sizes) then read; off-policy critics get an encoder of their own. In Python, the class
+    itself too. Not with trpo."""
+    encoder_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the --encoder class: --encoder-kwargs width=128 (values read as YAML)."""
     eval_interval: int = 5_000
     """Evaluate every this many environment steps (0: only at the end)."""
     eval_episodes: int = 10
@@ -170,6 +178,10 @@ class Config:
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
+        if self.encoder is not None:
+            _check_encoder(self.encoder)
+        _check(self.encoder is not None or not self.encoder_kwargs,
+               "encoder_kwargs are the --encoder class's keyword arguments: give --encoder module:ClassName too")
         _check(self.address is None or self.backend == "ray",
                "--address joins a Ray cluster: add --backend ray")
         from shoal.envs import EnvOptions
@@ -294,6 +306,8 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
         if not optional:
             raise ConfigError(f"{key} needs a value (give {key}=VALUE)")
         return None
+    if key == "encoder" and isinstance(value, type):  # the class itself, in Python
+        return _encoder_class_path(value)
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
         hint = non_none[0] if len(non_none) == 1 else hint
@@ -435,6 +449,31 @@ def preset_env(env: str) -> str:
     if env.startswith("remote://"):
         return env.partition("://")[2].partition("/")[2] or env
     return env
+
+
+def _encoder_class_path(cls: type) -> str:
+    """``module:ClassName`` of an encoder class given in Python: every process that builds the
+    policy (Ray workers, ``shoal eval``, the policy server) imports it by that path, so it must
+    live in a module, not in a script run as ``__main__`` or inside another class or function."""
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__ == "__main__" or getattr(module, cls.__qualname__, None) is not cls:
+        raise ConfigError(f"encoder {cls.__qualname__}: put the class in a module of its own (my_encoders.py) and "
+                          "import it from there: runners, evaluators and `shoal eval` import it by "
+                          "'module:ClassName', and a script's classes cannot be imported that way")
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _check_encoder(path: str) -> None:
+    """An ``--encoder`` names a class that imports: 'module:ClassName' (the forward pass is
+    checked where the policy is built, on the env's observations)."""
+    module, sep, name = path.partition(":")
+    _check(bool(sep and module and name.isidentifier()), f"--encoder takes 'module:ClassName' (a torch.nn.Module "
+           f"subclass in an importable module), got {path!r}")
+    from shoal.policy import encoder_class
+
+    encoder_class(path)
 
 
 def _env_class_id(cls: type) -> str:

@@ -54,10 +54,11 @@ def import_env_packages() -> None:
             pass  # not installed
 
 
-def _import_env_module(module: str) -> None:
-    """Import the module of a ``module:EnvId`` id. A module in the working directory is found as
-    ``python -m`` finds it (the ``shoal`` script's own directory is what Python searches first),
-    and the directory is added to PYTHONPATH, for the Ray workers this process starts."""
+def import_user_module(module: str) -> None:
+    """Import a module the user names: a ``module:EnvId`` env's, or ``--encoder``'s. A module in
+    the working directory is found as ``python -m`` finds it (the ``shoal`` script's own directory
+    is what Python searches first), and the directory is added to PYTHONPATH, for the Ray workers
+    this process starts."""
     try:
         importlib.import_module(module)
         return
@@ -92,7 +93,7 @@ def check_env_id(env_id: str) -> None:
     module, sep, name = env_id.rpartition(":")
     if sep:
         try:
-            _import_env_module(module)
+            import_user_module(module)
         except ImportError as e:
             raise ShoalError(f"cannot import {module!r} for environment {env_id!r}: {e}") from None
         env_id = name

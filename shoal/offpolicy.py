@@ -22,7 +22,7 @@ from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult, check_losses, read_metrics
-from shoal.policy import ConvEncoder, PolicyModule, network_input
+from shoal.policy import ConvEncoder, EncoderSpec, PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
@@ -132,9 +132,13 @@ class OffPolicyConfig(Config):
         return self.rollout_steps or (8 if self.apex else 1)
 
 
-def critic_image(policy: PolicyModule) -> tuple[int, int, int] | None:
-    """The (C, H, W) of the images a policy reads, for critics of their own encoder; None for vectors."""
-    return tuple(policy.input_shape) if policy.image else None  # type: ignore[return-value]
+def critic_encoder(policy: PolicyModule) -> nn.Module | None:
+    """An encoder for the critics of their own, of the kind the policy's is (shoal's convolutional
+    one for images, or the user's ``--encoder``), freshly initialised; None where the policy reads
+    vectors as they are."""
+    if policy.encoder_spec is not None:
+        return policy.encoder_spec.build(policy.input_shape, policy.image)
+    return ConvEncoder(policy.input_shape) if policy.cnn else None  # type: ignore[arg-type]
 
 
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
@@ -150,18 +154,18 @@ class QCritics(nn.Module):
     actions each critic is an MLP on the concatenated observation and action giving Q(s, a); with
     ``discrete`` it is an MLP on the observation giving Q(s, .) for every action, as DQN's network.
 
-    With ``image`` (the (C, H, W) of uint8 image observations) the K critics read the features of
-    one convolutional encoder of their own (:class:`shoal.policy.ConvEncoder`; the actor has
-    another), as stable-baselines3's SAC and TD3 CNN policies: its gradients come from the critics'
-    loss only.
+    With ``encoder`` (a module with the width of its features, ``out_dim``: a
+    :class:`shoal.policy.ConvEncoder` for images, or the user's, :func:`critic_encoder`) the K
+    critics read the features of that one encoder of their own (the actor has another), as
+    stable-baselines3's SAC and TD3 policies: its gradients come from the critics' loss only.
     """
 
     def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str,
-                 discrete: bool = False, image: tuple[int, int, int] | None = None):
+                 discrete: bool = False, encoder: nn.Module | None = None):
         super().__init__()
         self.k, self.discrete = k, discrete
         self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
-        self.encoder = ConvEncoder(image) if image is not None else None
+        self.encoder = encoder
         if self.encoder is not None:
             obs_dim = self.encoder.out_dim
         sizes = [obs_dim, *hidden_sizes, action_dim] if discrete else [obs_dim + action_dim, *hidden_sizes, 1]
@@ -173,8 +177,8 @@ class QCritics(nn.Module):
             self.biases.append(nn.Parameter(torch.zeros(k, 1, n_out)))
 
     def encode(self, obs: Tensor) -> Tensor:
-        """The critics' inputs for network inputs ``obs``: the encoder's features of images, vectors
-        as they are. Given to :meth:`forward` with ``encoded``, one pass serves several calls."""
+        """The critics' inputs for network inputs ``obs``: the encoder's features, or without one
+        the vectors as they are. Given to :meth:`forward` with ``encoded``, one pass serves several calls."""
         return obs if self.encoder is None else self.encoder(obs)
 
     def forward(self, obs: Tensor, actions: Tensor | None = None, members: slice = slice(None),
@@ -210,10 +214,10 @@ class QCritics(nn.Module):
 
 class ScaledActions(PolicyModule):
     """Continuous policies that act in [-1, 1]; ``to_env`` maps that to the action bounds. Image
-    observations go through a convolutional encoder first (``encoder``)."""
+    observations go through a convolutional encoder first (``encoder``; or the user's own)."""
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space):
-        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         if self.discrete:
             raise ShoalError("this algorithm needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):

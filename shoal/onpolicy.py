@@ -19,7 +19,7 @@ from torch import Tensor
 from shoal import devices
 from shoal.config import Config, _check, check_sde
 from shoal.learner import Learner, clip_grad_norm, read_metrics
-from shoal.policy import ActorCritic, RunningNorm
+from shoal.policy import ActorCritic, EncoderSpec, RunningNorm
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
 
@@ -96,7 +96,8 @@ def make_actor_critic(config: OnPolicyConfig, obs_space, action_space, images: b
     algorithm that takes vector observations only."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
                        config.normalize_obs, config.log_std_init, images=images, lstm_size=config.lstm_size,
-                       sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init)
+                       sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init,
+                       encoder=EncoderSpec.of(config))
 
 
 def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,

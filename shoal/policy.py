@@ -7,6 +7,7 @@ rule travel together as one state dict. The learner (which owns optimisers) is s
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from shoal import devices
-from shoal.errors import ShoalError
+from shoal.errors import ConfigError, ShoalError
 
 Weights = dict[str, np.ndarray]
 
@@ -148,6 +149,83 @@ class ConvEncoder(nn.Module):
         return torch.relu(self.linear(self.convs(x)))
 
 
+class EncoderSpec(NamedTuple):
+    """A feature extractor of the user's in place of shoal's (``--encoder module:ClassName``, and
+    ``--encoder-kwargs``), as stable-baselines3's ``features_extractor_class`` or an RLlib custom
+    model: a ``torch.nn.Module`` subclass built as ``ClassName(input_space, **kwargs)``.
+
+    ``input_space`` is a Box of what it reads, a batch at a time: flat float32 vectors [N, D] (the
+    observation flattened, normalised with --normalize-obs, an action mask's entries after it), or
+    images [N, C, H, W] as float32 scaled to [0, 1]. It returns features [N, K]; shoal finds K by
+    calling it once on a batch of zeros, and puts the algorithm's MLP heads (``hidden_sizes``) on
+    them. Every process that builds the policy (Ray workers, ``shoal eval``, the policy server)
+    imports the module by name, as a ``module:EnvId`` env's.
+    """
+
+    path: str
+    kwargs: dict[str, Any]
+
+    @staticmethod
+    def of(config: Any) -> EncoderSpec | None:
+        path = getattr(config, "encoder", None)
+        return EncoderSpec(path, dict(config.encoder_kwargs)) if path else None
+
+    def build(self, input_shape: tuple[int, ...], image: bool) -> UserEncoder:
+        """The user's module, with its feature width K (and images scaled to [0, 1] before it)."""
+        cls, name = encoder_class(self.path), self.path.partition(":")[2]
+        space = gym.spaces.Box(0.0 if image else -np.inf, 1.0 if image else np.inf, input_shape, np.float32)
+        try:
+            module = cls(space, **self.kwargs)
+        except Exception as e:  # the user's constructor: any mistake it makes is theirs, in one line
+            raise ShoalError(f"--encoder {self.path}: {name}(input_space, **{self.kwargs}) raised "
+                             f"{type(e).__name__}: {e}") from None
+        training = module.training
+        module.eval()  # (batch norm's statistics stay as they were)
+        try:
+            with torch.no_grad():
+                out = module(torch.zeros(2, *input_shape))
+        except Exception as e:
+            raise ShoalError(f"--encoder {self.path}: its forward pass on a batch of zeros {[2, *input_shape]} "
+                             f"raised {type(e).__name__}: {e}") from None
+        if not (isinstance(out, Tensor) and out.dim() == 2 and out.shape[0] == 2 and out.shape[1] >= 1
+                and out.is_floating_point()):
+            got = list(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ShoalError(f"--encoder {self.path}: it must return float features [N, K] for inputs "
+                             f"{['N', *input_shape]}; it returned {got} for N = 2")
+        module.train(training)
+        return UserEncoder(module, int(out.shape[1]), image)
+
+
+def encoder_class(path: str) -> type[nn.Module]:
+    """The class an ``--encoder`` 'module:ClassName' names, its module imported (from the working
+    directory too, as a ``module:EnvId`` env's)."""
+    from shoal.envs import import_user_module
+
+    module, _, name = path.partition(":")
+    try:
+        import_user_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--encoder {path}: cannot import {module!r}: {e}") from None
+    found = getattr(sys.modules[module], name, None)
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        what = "nothing" if found is None else f"a {type(found).__name__}"
+        raise ConfigError(f"--encoder {path}: {module} holds {what} by the name {name!r}, not a torch.nn.Module "
+                          "subclass")
+    return found
+
+
+class UserEncoder(nn.Module):
+    """The user's encoder (:class:`EncoderSpec`) and its feature width ``out_dim``; uint8 images
+    are scaled to float32 in [0, 1] before it."""
+
+    def __init__(self, module: nn.Module, out_dim: int, image: bool):
+        super().__init__()
+        self.module, self.out_dim, self.image = module, out_dim, image
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.module(x.float() / 255.0 if self.image else x)
+
+
 def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Sequential:
     """An MLP with orthogonal init (hidden gain sqrt(2), output ``out_gain``), as in PPO baselines."""
     layers: list[nn.Module] = []
@@ -232,7 +310,10 @@ class PolicyModule(nn.Module):
     Network inputs (what rollouts and replay hold, and :meth:`normalize` makes) are of shape
     ``input_shape`` and dtype ``input_dtype``: flat float32 vectors, or, for a policy built with
     ``images=True`` and image observations, uint8 [C, H, W] images (a quarter of the bytes), which
-    ``encoder`` turns into features. Without an image the encoder is the identity (no weights).
+    ``encoder`` turns into features. Without an image the encoder is the identity (no weights),
+    unless the user gives one of their own (``encoder``, an :class:`EncoderSpec`), for images or
+    vectors alike; ``cnn`` says whether the encoder is shoal's convolutional one, whose 512 (or
+    256) units some algorithms' heads take as their hidden layer.
     """
 
     multi_discrete = False
@@ -243,7 +324,7 @@ class PolicyModule(nn.Module):
     whose last ``mask_dim`` entries say which actions are legal (see :meth:`legal`)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
-                 images: bool = False):
+                 images: bool = False, encoder: EncoderSpec | None = None):
         super().__init__()
         if not isinstance(obs_space, gym.spaces.Box):
             raise ShoalError(f"observation space {obs_space} is not supported: shoal trains on Box observations, "
@@ -276,6 +357,10 @@ class PolicyModule(nn.Module):
         self.input_shape, self.input_dtype = network_input(obs_space)
         self.encoder: nn.Module = nn.Identity()
         self.feature_dim = self.obs_dim
+        self.encoder_spec, self.cnn = encoder, False
+        if encoder is not None and not images:
+            raise ShoalError(f"--encoder {encoder.path}: this algorithm's actor and critic share no encoder (trpo): "
+                             "your own encoder trains with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg")
         if self.image:
             if not images:
                 raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
@@ -284,7 +369,11 @@ class PolicyModule(nn.Module):
             if normalize_obs:
                 raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
             self.channels_last = image_layout(obs_space.shape)[1]
-            self.encoder = ConvEncoder(self.input_shape)
+        if encoder is not None:
+            self.encoder = encoder.build(self.input_shape, self.image)
+            self.feature_dim = self.encoder.out_dim
+        elif self.image:
+            self.encoder, self.cnn = ConvEncoder(self.input_shape), True
             self.feature_dim = self.encoder.out_dim
         # over the flat vector the network takes (a stack of frames, any Box of 2+ dimensions)
         self.obs_norm = RunningNorm((self.obs_dim,)) if normalize_obs else None
@@ -381,7 +470,8 @@ class ActorCritic(PolicyModule):
     stable-baselines3's MultiCategoricalDistribution and RLlib's MultiCategorical).
 
     With image observations (``images=True``) the two share one convolutional encoder, and are
-    linear heads on its features (as stable-baselines3's and RLlib's CNN policies).
+    linear heads on its features (as stable-baselines3's and RLlib's CNN policies). With the
+    user's ``encoder`` they share that, and are ``hidden_sizes`` MLPs on its features.
 
     With ``lstm_size`` > 0 the policy is recurrent: an LSTM between the encoder and each MLP (one
     for the actor, one for the critic, as sb3-contrib's RecurrentPPO by default: a shared one
@@ -404,15 +494,16 @@ class ActorCritic(PolicyModule):
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
                  normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False,
-                 lstm_size: int = 0, sde: int | None = None, ortho_init: bool = True):
-        super().__init__(obs_space, action_space, normalize_obs, images)
+                 lstm_size: int = 0, sde: int | None = None, ortho_init: bool = True,
+                 encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, normalize_obs, images, encoder)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         gaussian = not self.discrete and self.nvec is None
         if sde is not None and not gaussian:
             raise UnsupportedActions(action_space, "--use-sde explores continuous actions: it takes Box actions")
         if gaussian and sde is None:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
-        hidden = () if self.image else hidden_sizes
+        hidden = () if self.cnn else hidden_sizes
         self.lstm_size = lstm_size
         self.lstm = nn.ModuleList([nn.LSTM(self.feature_dim, lstm_size) for _ in "ac"]) if lstm_size else None
         self.recurrent = self.lstm is not None

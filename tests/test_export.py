@@ -60,6 +60,9 @@ CASES = {
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "sac-discrete": ("sac", VECTOR, gym.spaces.Discrete(3), {}),
     "td3": ("td3", VECTOR, gym.spaces.Box(0, 1, (2,)), {}),
+    "ppo-your-encoder": ("ppo", VECTOR, gym.spaces.Discrete(3), {"encoder": "user_encoders:Tanh"}),
+    "sac-your-cnn": ("sac", gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)),
+                     {"encoder": "user_encoders:SmallCNN"}),
 }
 
 

@@ -15,6 +15,7 @@ from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.algos.td3 import DeterministicActor, TD3Config
 from shoal.errors import ConfigError
 from shoal.offpolicy import QCritics
+from shoal.policy import ConvEncoder
 from shoal.replay import Transitions
 from shoal.weights import WeightStore
 
@@ -63,7 +64,7 @@ IMAGES = gym.spaces.Box(0, 255, (2, 10, 10), np.uint8)
 
 
 def test_critics_of_images_give_an_actor_dq_da_and_no_weight_a_gradient():
-    critics = QCritics(2, 200, 3, (16,), "relu", image=(2, 10, 10))
+    critics = QCritics(2, 200, 3, (16,), "relu", encoder=ConvEncoder((2, 10, 10)))
     obs = torch.randint(0, 256, (5, 2, 10, 10), dtype=torch.uint8)
     actions = torch.zeros(5, 3, requires_grad=True)
     critics(obs, actions, detach_weights=True).sum().backward()

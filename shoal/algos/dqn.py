@@ -18,7 +18,7 @@ from shoal.config import _check
 from shoal.errors import ShoalError
 from shoal.learner import clip_grad_norm
 from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, polyak, target_copy
-from shoal.policy import PolicyModule, mlp
+from shoal.policy import EncoderSpec, PolicyModule, mlp
 from shoal.replay import Transitions
 
 
@@ -63,7 +63,8 @@ class QNetwork(PolicyModule):
     """Q-values for every discrete action; acts epsilon-greedily (epsilon is a published buffer).
 
     Image observations go through a convolutional encoder, and the heads are linear on its
-    features: with the Nature encoder, the network of Mnih et al. 2015.
+    features: with the Nature encoder, the network of Mnih et al. 2015. The user's ``encoder``
+    (any observations) is followed by ``hidden_sizes`` MLP heads.
 
     With an action mask, it acts among the legal actions only (greedy and random ones), and the
     targets are the best legal action's value at the next state.
@@ -72,13 +73,13 @@ class QNetwork(PolicyModule):
     masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, dueling: bool):
-        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
+                 activation: str, dueling: bool, encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         if not self.discrete:
             raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.dueling = dueling
-        if self.image:
+        if self.cnn:
             hidden_sizes = ()
         if dueling:
             self.trunk = (nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=1.0), act())
@@ -144,7 +145,8 @@ def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q
 
 def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
     """The Q-network DQN trains and runners act with."""
-    return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling)
+    return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
+                    EncoderSpec.of(config))
 
 
 class DQNLearner(OffPolicyLearner):

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check, check_sde
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_encoder, polyak,
                              target_copy)
-from shoal.policy import PolicyModule, StateDependentNoise, mlp
+from shoal.policy import EncoderSpec, PolicyModule, StateDependentNoise, mlp
 from shoal.replay import Transitions
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -75,8 +75,8 @@ class SquashedGaussianActor(ScaledActions):
     """
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str,
-                 sde: tuple[float, int] | None = None):
-        super().__init__(obs_space, action_space)
+                 sde: tuple[float, int] | None = None, encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, encoder)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.trunk = nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=math.sqrt(2)), act())
         self.sde = None
@@ -133,8 +133,9 @@ class CategoricalActor(PolicyModule):
 
     masks = True
 
-    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str):
-        super().__init__(obs_space, action_space, normalize_obs=False, images=True)
+    def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...], activation: str,
+                 encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.logits = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=0.01)
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
@@ -175,9 +176,11 @@ def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
     if isinstance(action_space, gym.spaces.Discrete):
         if config.use_sde:
             raise ShoalError("--use-sde explores continuous actions: it takes Box actions, not Discrete ones")
-        return CategoricalActor(obs_space, action_space, config.hidden_sizes, config.activation)
+        return CategoricalActor(obs_space, action_space, config.hidden_sizes, config.activation,
+                                EncoderSpec.of(config))
     sde = (config.log_std_init, config.sde_sample_freq) if config.use_sde else None
-    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation, sde)
+    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation, sde,
+                                 EncoderSpec.of(config))
 
 
 class SACLearner(OffPolicyLearner):
@@ -194,7 +197,7 @@ class SACLearner(OffPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = self.policy.discrete
         self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
-                                discrete=self.discrete, image=critic_image(self.policy)).to(self.device)
+                                discrete=self.discrete, encoder=critic_encoder(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), device=self.device,
                                       requires_grad=config.alpha is None)

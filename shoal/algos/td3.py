@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_image, polyak,
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_encoder, polyak,
                              target_copy)
-from shoal.policy import mlp
+from shoal.policy import EncoderSpec, mlp
 from shoal.replay import Transitions
 
 
@@ -72,8 +72,9 @@ class DeterministicActor(ScaledActions):
     acting path as a recurrent policy's memory is (from 0 for each episode, not saved)."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, noise_std: float, ou: tuple[float, float] | None = None):
-        super().__init__(obs_space, action_space)
+                 activation: str, noise_std: float, ou: tuple[float, float] | None = None,
+                 encoder: EncoderSpec | None = None):
+        super().__init__(obs_space, action_space, encoder)
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         self.net = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
         self.register_buffer("noise_std", torch.tensor(float(noise_std)))
@@ -131,7 +132,8 @@ def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActo
     if isinstance(action_space, gym.spaces.Discrete):
         raise ShoalError(f"{config.algo} needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
     ou = (config.ou_theta, config.ou_dt) if config.noise_type == "ornstein-uhlenbeck" else None
-    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise, ou)
+    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise, ou,
+                              EncoderSpec.of(config))
 
 
 class TD3Learner(OffPolicyLearner):
@@ -141,7 +143,8 @@ class TD3Learner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
-        self.critics = QCritics(2 if config.twin_critics else 1, *dims, image=critic_image(self.policy)).to(self.device)
+        self.critics = QCritics(2 if config.twin_critics else 1, *dims,
+                                encoder=critic_encoder(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
         self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)

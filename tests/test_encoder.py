@@ -1,0 +1,171 @@
+"""Your own feature extractor (``--encoder module:ClassName``, as SB3's features_extractor_class or
+an RLlib custom model): every algorithm that takes one builds its networks on it and trains it; a
+run with one learns, deploys, exports and resumes; mistakes in it end in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+import user_encoders
+
+import shoal
+from shoal.algos import get
+from shoal.cli import main
+from shoal.errors import ConfigError, ShoalError
+from shoal.policy import UserEncoder
+
+QUICK = {"progress": False, "tensorboard": False, "eval_episodes": 2}
+ON_POLICY = {"num_envs_per_runner": 4, "rollout_steps": 16}
+OFF_POLICY = {"learning_starts": 64, "batch_size": 32}
+
+
+def test_ppo_learns_cartpole_through_your_encoder_and_the_run_deploys_it(tmp_path):
+    config = shoal.make_config("ppo", "CartPole-v1", encoder=user_encoders.Tanh, encoder_kwargs={"width": 32},
+                               stop_return=475, total_steps=60_000, **QUICK)
+    assert config.encoder == "user_encoders:Tanh"  # the class in Python: its import path, for every process
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 475, summary
+    policy = shoal.load_policy(tmp_path)  # built anew from the run's config
+    assert isinstance(policy.module.encoder.module, user_encoders.Tanh) and policy.module.encoder.out_dim == 32
+    assert [layer.in_features for layer in policy.module.actor if isinstance(layer, torch.nn.Linear)] == [32, 64, 64]
+
+
+CASES = {
+    "ppo-lstm": ("ppo", "CartPole-v1", {**ON_POLICY, "lstm_size": 8, "minibatch_size": 32}),
+    "a2c": ("a2c", "CartPole-v1", ON_POLICY),
+    "appo": ("appo", "CartPole-v1", ON_POLICY),
+    "dqn-dueling": ("dqn", "CartPole-v1", {**OFF_POLICY, "dueling": True}),
+    "sac": ("sac", "Pendulum-v1", OFF_POLICY),
+    "sac-discrete": ("sac", "CartPole-v1", OFF_POLICY),
+    "td3": ("td3", "Pendulum-v1", OFF_POLICY),
+    "ddpg": ("ddpg", "Pendulum-v1", OFF_POLICY),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_algorithm_that_takes_an_encoder_trains_yours(case):
+    algo, env, sets = CASES[case]
+    config = get(algo).config_cls(env=env, encoder="user_encoders:Tanh", encoder_kwargs={"width": 16},
+                                  hidden_sizes=(24,), **sets, **QUICK)
+    with shoal.make(config) as run:
+        before = run.get_policy().module
+        assert isinstance(before.encoder, UserEncoder) and before.feature_dim == 16
+        while run.env_steps < 256:
+            run.train()
+        after = run.get_policy().module
+    moved = [not torch.equal(a, b) for a, b in zip(before.encoder.parameters(), after.encoder.parameters())]
+    assert moved and all(moved), case
+
+
+def test_images_reach_your_encoder_as_floats_in_0_1_with_the_algorithms_mlp_after_it():
+    """shoal's own CNN takes the place of the hidden layers on images (linear heads on its 512
+    units, as the Nature network); yours is followed by hidden_sizes, as SB3 puts net_arch after a
+    features extractor of yours."""
+    images = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
+    for algo in ("ppo", "dqn", "sac"):
+        config = get(algo).config_cls(env="CartPole-v1", encoder="user_encoders:SmallCNN", hidden_sizes=(24,))
+        actions = gym.spaces.Discrete(3)
+        module = get(algo).make_policy(config, images, actions)
+        assert module.encoder.module.training  # in train mode again after shoal's call on zeros
+        seen = []
+        module.encoder.module.register_forward_pre_hook(lambda _, inputs: seen.append(inputs[0]))
+        module.act(torch.full((5, 3, 7, 7), 255, dtype=torch.uint8), deterministic=True)
+        assert seen[0].dtype == torch.float32 and float(seen[0].max()) == 1.0, algo
+        widths = [m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)]
+        assert 24 in widths, (algo, widths)
+
+
+def test_off_policy_critics_read_an_encoder_of_their_own_trained_by_the_critic_loss_only():
+    from shoal.algos.sac import SACConfig, SACLearner
+    from shoal.replay import Transitions
+    from shoal.weights import WeightStore
+
+    config = SACConfig(env="Pendulum-v1", encoder="user_encoders:Tanh", encoder_kwargs={"width": 8},
+                       hidden_sizes=(16,), learning_starts=0)
+    learner = SACLearner(config, gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,)), WeightStore())
+    critics, actor = learner.critics.encoder, learner.policy.encoder
+    assert isinstance(critics, UserEncoder) and critics is not actor
+    n = 16
+    g = torch.Generator().manual_seed(0)
+    b = Transitions(obs=torch.randn(n, 3, generator=g), actions=torch.rand(n, 1, generator=g) * 2 - 1,
+                    rewards=torch.randn(n, generator=g), next_obs=torch.randn(n, 3, generator=g),
+                    discounts=torch.full((n,), 0.99), weights=torch.ones(n), indices=np.arange(n))
+    learner.optimizer.zero_grad()
+    features = learner.critics.encode(b.obs)
+    a, _ = learner.policy.sample(b.obs)
+    # the actor's loss through the critics (their weights detached, as SAC's step takes it)
+    learner.critics(features.detach(), a, detach_weights=True, encoded=True).sum().backward()
+    assert all(p.grad is None for p in critics.parameters())
+    assert all(p.grad is not None for p in actor.parameters())
+    learner.critics(b.obs, b.actions).sum().backward()
+    assert all(p.grad is not None for p in critics.parameters())
+
+
+def test_a_resume_with_another_encoder_is_refused_and_with_the_same_one_goes_on(tmp_path, capsys):
+    run = tmp_path / "run"
+    fast = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "16",
+            "--minibatch-size", "32", "--num-epochs", "1", "--eval-episodes", "2"]
+    assert main(["train", "ppo", "--env", "CartPole-v1", "--encoder", "user_encoders:Tanh", "--encoder-kwargs",
+                 "width=16", "--total-steps", "64", "--run-dir", str(run), *fast]) == 0
+    saved = (run / "config.yaml").read_text()
+    assert "encoder: user_encoders:Tanh" in saved and "width: 16" in saved
+    capsys.readouterr()
+    # another class with the same parameter names and shapes: the state dict alone would take it
+    for change in (["--set", "encoder=null", "encoder_kwargs={}"], ["--encoder", "user_encoders:Tanh2"]):
+        code = main(["train", "--resume", str(run), "--total-steps", "128", *change, *fast])
+        err = capsys.readouterr().err
+        assert code == 2 and "holds a network with --encoder user_encoders:Tanh" in err, err
+        assert (run / "config.yaml").read_text() == saved
+    assert main(["train", "--resume", str(run), "--total-steps", "128", *fast]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--encoder", "user_encoders"], "--encoder takes 'module:ClassName'"),
+    (["--encoder", "no_such_module_here:Enc"], "--encoder no_such_module_here:Enc: cannot import 'no_such_module_here'"),
+    (["--encoder", "user_encoders:Nope"], "user_encoders holds nothing by the name 'Nope'"),
+    (["--encoder", "user_encoders:NOT_A_MODULE"], "holds a int by the name 'NOT_A_MODULE', not a torch.nn.Module"),
+    (["--encoder", "user_encoders:Raises"], "Raises(input_space, **{}) raised ValueError: no encoder today"),
+    (["--encoder", "user_encoders:FlatOutput"], "it must return float features [N, K] for inputs ['N', 4]; it "
+                                               "returned [2] for N = 2"),
+    (["--encoder", "user_encoders:TenInputs"], "its forward pass on a batch of zeros [2, 4] raised RuntimeError"),
+    (["--encoder-kwargs", "width=8"], "give --encoder module:ClassName too"),
+    (["--encoder", "user_encoders:Tanh", "--encoder-kwargs", "depth=2"], "raised TypeError"),
+])
+def test_a_mistaken_encoder_is_one_line_and_writes_no_run(args, message, tmp_path, capsys):
+    code = main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "run"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_trpo_and_a_scripts_own_class_are_refused():
+    with pytest.raises(ShoalError, match="share no encoder"):
+        shoal.train(shoal.make_config("trpo", "CartPole-v1", encoder="user_encoders:Tanh", **QUICK))
+
+    class Mine(torch.nn.Module):  # inside a function: no process could import it by name
+        pass
+
+    with pytest.raises(ConfigError, match="put the class in a module of its own"):
+        shoal.PPOConfig(env="CartPole-v1", encoder=Mine)
+
+
+def test_the_shoal_script_finds_an_encoder_module_in_the_working_directory_on_the_ray_backend(tmp_path):
+    """As a README user does: my_encoders.py beside them, `shoal train ... --backend ray`; the Ray
+    workers (runners, evaluator) import it too; `shoal eval` in that directory builds it again."""
+    (tmp_path / "my_encoders.py").write_text(Path(user_encoders.__file__).read_text())
+    script = str(Path(sys.executable).parent / "shoal")
+    done = subprocess.run([script, "train", "ppo", "--env", "CartPole-v1", "--backend", "ray", "--num-env-runners",
+                           "2", "--encoder", "my_encoders:Tanh", "--total-steps", "512", "--num-envs-per-runner", "4",
+                           "--rollout-steps", "16", "--minibatch-size", "64", "--eval-episodes", "2", "--no-progress",
+                           "--run-dir", "run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run([script, "eval", "run", "--episodes", "1"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "CartPole-v1: return" in done.stdout, done.stderr
