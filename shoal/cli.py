@@ -277,6 +277,9 @@ class EvalArgs:
     """Number of episodes."""
     video: str | None = None
     """Write an mp4 of each episode into this directory."""
+    render: bool = False
+    """Show the episodes in a window as they are played, at the env's own frame rate (its 'human'
+    render mode, as rl-zoo's enjoy); needs a display."""
     deterministic: bool = False
     """Take the most likely action. Without this or --stochastic, act as the run's own
     evaluations did (eval_deterministic, on unless the run turned it off)."""
@@ -298,7 +301,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
     from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
-    from shoal.evaluator import record_episodes, run_episodes
+    from shoal.evaluator import record_episodes, run_episodes, watch_episodes
 
     from shoal.config import SEED_LIMIT, parse_set
 
@@ -317,8 +320,11 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         env_kwargs = parse_set(list(args.env_kwargs), "--env-kwargs")
     else:
         env_kwargs = run_kwargs if env_id == getattr(policy.config, "env", env_id) else {}
-    if args.video and is_remote(env_id):
-        raise ShoalError("videos are rendered from a local env: add --env ENV_ID (the run trained on env servers)")
+    if args.video and args.render:
+        raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
+    if (args.video or args.render) and is_remote(env_id):
+        raise ShoalError(f"{'videos are' if args.video else '--render is'} rendered from a local env: add --env "
+                         "ENV_ID (the run trained on env servers)")
     # The run's frame stack and mask source make its observations what the policy takes: any env it
     # is evaluated on here gets them too (an env server stacks its own: --frame-stack there)
     options = EnvOptions() if is_remote(env_id) else EnvOptions.of(policy.config)
@@ -331,6 +337,9 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
                                         args.video, args.max_steps, env_kwargs, options)
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
+    elif args.render:
+        result = watch_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.max_steps,
+                                env_kwargs, options)
     else:
         envs = make_vector_env(env_id, args.episodes, env_kwargs, options)
         result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)

@@ -6,7 +6,7 @@ import os
 import sys
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -79,9 +79,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
-    probe = make_env(env_id, kwargs=env_kwargs, options=options)
-    modes = list(probe.metadata.get("render_modes") or [])
-    probe.close()
+    modes = _render_modes(env_id, env_kwargs, options)
     if "rgb_array" not in modes:
         raise ShoalError(f"{env_id} cannot be recorded: --video needs an env that renders 'rgb_array' frames, and "
                          f"its metadata's render_modes are {modes}")
@@ -106,6 +104,14 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
         raise
 
 
+def _render_modes(env_id: str, env_kwargs: dict[str, Any] | None, options: EnvOptions) -> list[str]:
+    """The render modes an env's metadata names."""
+    probe = make_env(env_id, kwargs=env_kwargs, options=options)
+    modes = list(probe.metadata.get("render_modes") or [])
+    probe.close()
+    return modes
+
+
 def _render(env: gym.Env, env_id: str) -> np.ndarray:
     try:
         return env.render()
@@ -118,27 +124,41 @@ def _render(env: gym.Env, env_id: str) -> np.ndarray:
         raise ShoalError(f"{env_id} could not render a frame ({error_line(e)}){advice}") from e
 
 
-def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
-                    out: Path, max_steps: int) -> tuple[list[Path], dict[str, float]]:
-    """:func:`record_episodes`' episodes, each written to ``out`` as it ends."""
-    fps = env.metadata.get("render_fps", 30)
+def _play(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
+          max_steps: int, on_episode: Callable[[int, list[np.ndarray]], None] | None = None) -> dict[str, float]:
+    """Play ``episodes`` episodes one after another (episode i from seed ``seed + i``, each cut
+    after ``max_steps`` steps) and return their statistics. With ``on_episode``, every step's frame
+    is rendered, and it gets (i, the frames) as each episode ends."""
     generator = torch.Generator().manual_seed(seed)
-    paths, returns, lengths = [], np.zeros(episodes), np.zeros(episodes, np.int64)
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     successes, reports = np.zeros(episodes), False
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         module.reset_memory(1)
-        frames, done = [_render(env, env_id)], False
-        while not done and len(frames) <= max_steps:
+        frames, done = [_render(env, env_id)] if on_episode else [], False
+        while not done and lengths[i] < max_steps:
             a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
             obs, r, term, trunc, info = env.step(module.to_env(a)[0])
             returns[i] += r
-            frames.append(_render(env, env_id))
+            lengths[i] += 1
+            if on_episode:
+                frames.append(_render(env, env_id))
             done = term or trunc
             reports = reports or "is_success" in info
             if done and "is_success" in info:
                 successes[i] = float(info["is_success"])
-        lengths[i] = len(frames) - 1  # the first frame is the reset's
+        if on_episode:
+            on_episode(i, frames)
+    return episode_stats(returns, lengths, successes if reports else None)
+
+
+def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
+                    out: Path, max_steps: int) -> tuple[list[Path], dict[str, float]]:
+    """:func:`record_episodes`' episodes, each written to ``out`` as it ends."""
+    fps = env.metadata.get("render_fps", 30)
+    paths: list[Path] = []
+
+    def write(i: int, frames: list[np.ndarray]) -> None:
         path = out / f"{file_name(env_id)}-episode-{i}.mp4"
         tmp = path.with_suffix(".tmp.mp4")
         try:
@@ -150,7 +170,32 @@ def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: i
             raise
         tmp.replace(path)
         paths.append(path)
-    return paths, episode_stats(returns, lengths, successes if reports else None)
+
+    stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps, write)
+    return paths, stats
+
+
+@torch.no_grad()
+def watch_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, max_steps: int,
+                   env_kwargs: dict[str, Any] | None = None, options: EnvOptions = NO_OPTIONS) -> dict[str, float]:
+    """Play ``episodes`` episodes in a window, as rl-zoo's enjoy does: the env's 'human' render
+    mode, which draws each step at the env's own frame rate. Returns their statistics."""
+    if headless():
+        raise ShoalError("--render shows the episodes in a window, and this process has no display (neither DISPLAY "
+                         "nor WAYLAND_DISPLAY is set): record them with --video DIR instead")
+    modes = _render_modes(env_id, env_kwargs, options)
+    if "human" not in modes:
+        raise ShoalError(f"{env_id} cannot be shown: --render needs an env that renders in 'human' mode, and its "
+                         f"metadata's render_modes are {modes} (--video DIR records 'rgb_array' frames)")
+    env = make_env(env_id, render_mode="human", kwargs=env_kwargs, options=options)
+    try:
+        return _play(env, module, env_id, episodes, deterministic, seed, max_steps)
+    except ShoalError:
+        raise
+    except Exception as e:  # the window: a display that refuses it, a renderer that cannot start
+        raise ShoalError(f"{env_id} could not show its episodes ({error_line(e)})") from e
+    finally:
+        env.close()
 
 
 def write_mp4(path: str | Path, frames: list[np.ndarray], fps: float) -> None:

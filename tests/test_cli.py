@@ -570,6 +570,49 @@ def test_the_shoal_script_imports_an_env_module_from_the_working_directory(tmp_p
     assert done.returncode == 2 and "cannot import 'my_envs' for environment 'my_envs:Corridor-v0'" in done.stderr
 
 
+def test_eval_render_plays_the_episodes_in_a_window_and_needs_a_display(capsys, tmp_path, monkeypatch):
+    """`shoal eval RUN --render`, as rl-zoo's enjoy: the env's 'human' mode draws every step at its
+    frame rate. SDL's dummy driver stands in for a display here (the same pygame calls, no window).
+    The episodes are the ones `shoal eval` plays without it: same seeds, same returns."""
+    import re
+
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    run = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", "ppo", "--env", "CartPole-v1", "--total-steps", "256", "--run-dir",
+                           str(run), *FAST)
+    assert code == 0, err
+    code, plain, err = run_cli(capsys, "eval", str(run), "--episodes", "2")
+    assert code == 0, err
+    monkeypatch.setenv("DISPLAY", ":99")
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    drawn, render = [], CartPoleEnv.render
+    monkeypatch.setattr(CartPoleEnv, "render", lambda env: drawn.append(env.render_mode) or render(env))
+    code, out, err = run_cli(capsys, "eval", str(run), "--episodes", "2", "--render")
+    assert code == 0 and out.split(" (")[0] == plain.split(" (")[0], (out, plain, err)
+    length = float(re.search(r"length ([0-9.]+)", out)[1])
+    assert set(drawn) == {"human"} and len(drawn) == 2 * (1 + length)  # each reset and step, as the env draws them
+
+    class NoWindow(gym.Wrapper):  # frames for videos, and no window
+        def __init__(self):
+            super().__init__(gym.make("CartPole-v1"))
+            self.metadata = {"render_modes": ["rgb_array"]}
+
+    gym.register("NoWindow-v0", entry_point=NoWindow, max_episode_steps=50)
+    for argv, message in (
+            (["--render", "--video", str(tmp_path / "v")], "--video and --render exclude each other"),
+            (["--render", "--env", "NoWindow-v0"], "NoWindow-v0 cannot be shown: --render needs an env that renders "
+                                                   "in 'human' mode, and its metadata's render_modes are ['rgb_array'] "
+                                                   "(--video DIR records 'rgb_array' frames)")):
+        code, _, err = run_cli(capsys, "eval", str(run), "--episodes", "1", *argv)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.delenv("DISPLAY")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    code, _, err = run_cli(capsys, "eval", str(run), "--episodes", "1", "--render")
+    assert code == 2 and "this process has no display" in err and "--video DIR" in err, err
+    assert not (tmp_path / "v").exists()
+
+
 def test_a_run_directory_takes_one_trainer_at_a_time(capsys, tmp_path):
     from shoal.rundir import RunDir
 
