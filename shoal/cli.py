@@ -186,6 +186,7 @@ commands:
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
   envs [TEXT ...]                     list environment ids (containing any TEXT, in any case) and their presets
+  check-env ENV_ID                    check that an env is ready to train on (Gymnasium's checker, algorithms, speed)
 """
 
 TRAIN_HELP = """Train {algo} on a Gymnasium environment.
@@ -473,6 +474,59 @@ def cmd_envs(argv: list[str], console: Console) -> int:
 
 
 @dataclass(frozen=True)
+class CheckEnvArgs:
+    """Check that an environment is ready to train on, as stable-baselines3's check_env: Gymnasium's
+    API checker, the spaces shoal's policies see and the algorithms that take them, and its step
+    rate with random actions. Exit status 0 when it passed, 1 when it did not."""
+
+    env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_ID")]
+    """Environment id (module:EnvId imports module first, as `shoal train --env` does)."""
+    env_kwargs: tuple[str, ...] = ()
+    """KEY=VALUE keyword arguments of the env's constructor (values read as YAML)."""
+    seconds: float = 1.0
+    """How long to step it with random actions."""
+
+
+def cmd_check_env(argv: list[str], console: Console) -> int:
+    from shoal.config import parse_set
+    from shoal.envcheck import check_env
+    from shoal.envs import is_remote
+
+    args = _parse(CheckEnvArgs, _gather(argv, "--env-kwargs"), "shoal check-env")
+    if is_remote(args.env_id):
+        raise ShoalError("check-env checks an env made here: give its id, not an env server's remote:// URL")
+    if not args.seconds >= 0:
+        raise ShoalError(f"--seconds must be 0 or more, got {args.seconds}")
+    report = check_env(args.env_id, parse_set(list(args.env_kwargs), "--env-kwargs"), args.seconds)
+    console.print(f"[bold]{args.env_id}[/bold]", highlight=False)
+    found = f"FAILED: {report.problem}" if report.problem else "passed"
+    console.print(f"  Gymnasium's env checker: {found}", markup=False, highlight=False)
+    for warning in report.warnings:
+        console.print(f"    warning: {warning}", markup=False, highlight=False)
+    if report.spaces is not None:
+        obs, actions = report.spaces
+        console.print(f"  observations as shoal's policies take them: {obs}", markup=False, highlight=False)
+        console.print(f"  actions: {actions}", markup=False, highlight=False)
+    takes = [name for name, reason in report.algorithms.items() if reason is None]
+    console.print(f"  trains with: {', '.join(takes) or 'no algorithm'}", markup=False, highlight=False)
+    refused: dict[str, list[str]] = {}  # one line per reason: an observation space none takes, say
+    for name, reason in report.algorithms.items():
+        if reason is not None:
+            refused.setdefault(reason, []).append(name)
+    for reason, names in refused.items():
+        console.print(f"    not {', '.join(names)}: {reason}", markup=False, highlight=False)
+    if report.step_failure:
+        console.print(f"  random actions: FAILED after {report.steps:,} steps: {report.step_failure}", markup=False,
+                      highlight=False)
+    elif report.steps:
+        ended = (f"{report.episodes:,} episodes ended, {report.steps / report.episodes:,.1f} steps each on average"
+                 if report.episodes else "no episode ended")
+        console.print(f"  random actions: {report.steps_per_s:,.0f} steps/s in one process ({report.steps:,} steps; "
+                      f"{ended})", markup=False, highlight=False)
+    return 0 if report.ok else 1
+
+
+@dataclass(frozen=True)
 class ServeEnvArgs:
     """Serve copies of a Gymnasium env over gRPC (proto/shoal.proto); trainers use them with
     --env remote://HOST:PORT. Stop with Ctrl-C."""
@@ -656,7 +710,8 @@ def _serve(server: Any, console: Console, what: str) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval, "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs}
+COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval,
+            "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs, "check-env": cmd_check_env}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,106 @@
+"""``shoal check-env``: is an environment ready to train on? (stable-baselines3's ``check_env``,
+RLlib's env checker.) Gymnasium's own API checker, what shoal's policies make of its spaces and
+which algorithms take them, and how fast it steps with random actions."""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from shoal.envs import check_env_id, env_spaces, error_line, make_env
+from shoal.errors import ShoalError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass
+class EnvReport:
+    """What :func:`check_env` found."""
+
+    env_id: str
+    problem: str | None = None
+    """The first violation of Gymnasium's API its checker found (None: it passed)."""
+    warnings: list[str] = field(default_factory=list)
+    """What Gymnasium's checker warned of."""
+    spaces: tuple[gym.Space, gym.Space] | None = None
+    """The observation and action spaces shoal's policies see (observations flattened, an action
+    mask appended, frames preprocessed)."""
+    algorithms: dict[str, str | None] = field(default_factory=dict)
+    """Each algorithm: None if it trains on these spaces, else why not."""
+    steps: int = 0
+    steps_per_s: float = 0.0
+    """Random-action steps taken, and their rate, in shoal's make of the env."""
+    episodes: int = 0
+    """Episodes those steps ended."""
+    step_failure: str | None = None
+    """What the env raised on a random action, if it did (one that takes legal actions only, say)."""
+
+    @property
+    def ok(self) -> bool:
+        return (self.problem is None and self.step_failure is None
+                and any(reason is None for reason in self.algorithms.values()))
+
+
+def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: float = 1.0) -> EnvReport:
+    """Check ``env_id`` (made with ``env_kwargs``) as :class:`EnvReport` says, stepping it with
+    random actions for about ``seconds``. An env that cannot be made at all raises ShoalError."""
+    from gymnasium.utils.env_checker import check_env as gymnasium_check
+
+    from shoal.algos import ALGOS
+
+    check_env_id(env_id)
+    report = EnvReport(env_id)
+    env = make_env(env_id, kwargs=env_kwargs)  # shoal's own error for an env that cannot be made
+    env.close()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        raw = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+        try:
+            gymnasium_check(raw.unwrapped, skip_render_check=True)
+        except Exception as e:  # the env's own code, or the checker's assertion about it
+            report.problem = error_line(e)
+        finally:
+            raw.close()
+    report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said))
+    try:
+        report.spaces = env_spaces(env_id, env_kwargs)
+    except ShoalError as e:
+        report.algorithms = {name: str(e) for name in sorted(ALGOS)}
+        return report
+    for name in sorted(ALGOS):
+        spec = ALGOS[name]
+        try:
+            spec.make_policy(spec.config_cls(), *report.spaces)
+            report.algorithms[name] = None
+        except ShoalError as e:
+            report.algorithms[name] = str(e)
+    if report.problem is None:
+        _time_random_steps(report, env_id, env_kwargs, seconds)
+    return report
+
+
+def _time_random_steps(report: EnvReport, env_id: str, env_kwargs: dict[str, Any] | None, seconds: float) -> None:
+    """Random actions in shoal's make of the env for ``seconds``: its raw step rate, the ceiling
+    of what one runner's copy of it can sample."""
+    env = make_env(env_id, kwargs=env_kwargs)
+    env.action_space.seed(0)
+    start = time.perf_counter()
+    try:
+        env.reset(seed=0)
+        while time.perf_counter() - start < seconds:
+            for _ in range(100):
+                _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+                report.steps += 1
+                if terminated or truncated:
+                    report.episodes += 1
+                    env.reset()
+    except Exception as e:  # the env's own code
+        report.step_failure = error_line(e)
+    finally:
+        report.steps_per_s = report.steps / (time.perf_counter() - start)
+        env.close()
