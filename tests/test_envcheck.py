@@ -6,6 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.envs.classic_control import PendulumEnv
 
 from shoal.cli import main
 
@@ -40,22 +41,18 @@ class OutOfSpace(gym.Env):
         return np.zeros(2, np.float32), 0.0, False, False, {}
 
 
-class FailsLater(gym.Env):
-    """Follows the API, and raises at its 30th step of an episode."""
-
-    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+class FailsLater(PendulumEnv):
+    """Pendulum, which raises at its 30th step of an episode."""
 
     def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(2, np.float32), {}
+        self.steps = 0
+        return super().reset(seed=seed, options=options)
 
     def step(self, action):
-        self.t += 1
-        if self.t == 30:
+        self.steps += 1
+        if self.steps == 30:
             raise RuntimeError("the simulator lost its licence")
-        return np.zeros(2, np.float32), 0.0, False, False, {}
+        return super().step(action)
 
 
 class TextObservations(gym.Env):
