@@ -324,8 +324,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     if args.video and args.render:
         raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
     if (args.video or args.render) and is_remote(env_id):
-        raise ShoalError(f"{'videos are' if args.video else '--render is'} rendered from a local env: add --env "
-                         "ENV_ID (the run trained on env servers)")
+        what = "videos are rendered from" if args.video else "--render shows"
+        raise ShoalError(f"{what} a local env: add --env ENV_ID (the run trained on env servers)")
     # The run's frame stack and mask source make its observations what the policy takes: any env it
     # is evaluated on here gets them too (an env server stacks its own: --frame-stack there)
     options = EnvOptions() if is_remote(env_id) else EnvOptions.of(policy.config)

@@ -601,6 +601,9 @@ def test_eval_render_plays_the_episodes_in_a_window_and_needs_a_display(capsys, 
     gym.register("NoWindow-v0", entry_point=NoWindow, max_episode_steps=50)
     for argv, message in (
             (["--render", "--video", str(tmp_path / "v")], "--video and --render exclude each other"),
+            (["--render", "--env", "remote://127.0.0.1:1"], "--render shows a local env: add --env ENV_ID"),
+            (["--video", str(tmp_path / "v"), "--env", "remote://127.0.0.1:1"],
+             "videos are rendered from a local env: add --env ENV_ID"),
             (["--render", "--env", "NoWindow-v0"], "NoWindow-v0 cannot be shown: --render needs an env that renders "
                                                    "in 'human' mode, and its metadata's render_modes are ['rgb_array'] "
                                                    "(--video DIR records 'rgb_array' frames)")):
