@@ -258,10 +258,12 @@ def cmd_train(argv: list[str], console: Console) -> int:
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:
     status = "[green]solved[/green]" if s["solved"] else "stopped at --stop-time-s" if s.get("timed_out") else "done"
+    from shoal.evaluator import format_returns
+
     success = f" (success {s['eval_success_rate']:.0%})" if s.get("eval_success_rate") is not None else ""
-    console.print(f"{status}: eval return {s['eval_return_mean']:.1f} ± {s['eval_return_std']:.1f}{success} "
-                  f"after {s['env_steps']:,} env steps in {s['elapsed_s']:.1f} s "
-                  f"(best {s['best_eval_return']:.1f})")
+    mean, std, best = format_returns(s["eval_return_mean"], s["eval_return_std"], s["best_eval_return"])
+    console.print(f"{status}: eval return {mean} ± {std}{success} after {s['env_steps']:,} env steps in "
+                  f"{s['elapsed_s']:.1f} s (best {best})")
     console.print(f"run directory: {s['run_dir']}")
     console.print("  config.yaml  progress.csv  eval.csv  tb/  (tensorboard --logdir " + s["run_dir"] + "/tb)")
     console.print(f"  checkpoint:  {s['checkpoint']}")
@@ -302,7 +304,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt
     from shoal.algorithm import load_policy
     from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
-    from shoal.evaluator import record_episodes, run_episodes, watch_episodes
+    from shoal.evaluator import format_returns, record_episodes, run_episodes, watch_episodes
 
     from shoal.config import SEED_LIMIT, parse_set
 
@@ -346,7 +348,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     success = f"success {result['eval/success_rate']:.0%}; " if "eval/success_rate" in result else ""
-    console.print(f"{env_id}: return {result['eval/return_mean']:.2f} ± {result['eval/return_std']:.2f} "
+    mean, std = format_returns(result["eval/return_mean"], result["eval/return_std"])
+    console.print(f"{env_id}: return {mean} ± {std} "
                   f"over {episodes} ({mode}; {success}length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from fractions import Fraction
@@ -69,6 +70,15 @@ def episode_stats(returns: np.ndarray, lengths: np.ndarray, successes: np.ndarra
     if successes is not None:
         stats["eval/success_rate"] = float(np.mean(np.asarray(successes) > 0))
     return stats
+
+
+def format_returns(*values: float) -> list[str]:
+    """Returns as the command line prints them, with one number of decimals for all: three
+    significant digits for the largest, and at least one decimal (500.0, -4.24, 0.955; MiniGrid's
+    0.955 is not a 1.0, nor FrozenLake's 0.7 a 1)."""
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    decimals = max(1, 3 - (len(str(int(largest))) if largest >= 1 else 0))
+    return [f"{v:.{decimals}f}" for v in values]
 
 
 @torch.no_grad()

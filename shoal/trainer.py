@@ -22,6 +22,7 @@ from shoal import checkpoint as ckpt
 from shoal.algorithm import Algorithm, config_from_dict
 from shoal.config import read_yaml
 from shoal.errors import RoleFailed, ShoalError
+from shoal.evaluator import format_returns
 from shoal.learner import CPU_WAIT_WINDOW_S
 from shoal.plot import plot_runs
 from shoal.rundir import RunDir
@@ -213,8 +214,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     save()
                 ret = metrics.get("episode/return_mean")
                 bar.update(task, completed=min(algo.env_steps, c.total_steps),
-                           ret="-" if ret is None else f"{ret:.1f}",
-                           eval="-" if evaluation is None else f"{evaluation['eval/return_mean']:.1f}")
+                           ret="-" if ret is None else format_returns(ret)[0],
+                           eval="-" if evaluation is None else format_returns(evaluation["eval/return_mean"])[0])
             if unlogged is not None:  # the last iteration always has its row
                 log(unlogged)
     except KeyboardInterrupt:

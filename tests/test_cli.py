@@ -570,6 +570,22 @@ def test_the_shoal_script_imports_an_env_module_from_the_working_directory(tmp_p
     assert done.returncode == 2 and "cannot import 'my_envs' for environment 'my_envs:Corridor-v0'" in done.stderr
 
 
+def test_returns_print_with_three_significant_digits_and_one_decimal_at_least(capsys):
+    """MiniGrid's best return, 0.955, printed as 1.0 read as solved beyond the maximum."""
+    from shoal.cli import _print_summary
+    from shoal.evaluator import format_returns
+
+    assert format_returns(500.0, 0.0) == ["500.0", "0.0"]
+    assert format_returns(-4.236, 1.444) == ["-4.24", "1.44"]
+    assert format_returns(0.955, 1e-16) == ["0.955", "0.000"]
+    assert format_returns(-1234.56, 99.0) == ["-1234.6", "99.0"]
+    _print_summary({"solved": True, "eval_return_mean": 0.955, "eval_return_std": 0.0, "best_eval_return": 0.955,
+                    "env_steps": 1000, "elapsed_s": 1.0, "run_dir": "r", "checkpoint": "c", "plot": "p"},
+                   shoal.cli.Console(width=200))
+    assert capsys.readouterr().out.startswith("solved: eval return 0.955 ± 0.000 after 1,000 env steps in 1.0 s "
+                                              "(best 0.955)")
+
+
 def test_eval_render_plays_the_episodes_in_a_window_and_needs_a_display(capsys, tmp_path, monkeypatch):
     """`shoal eval RUN --render`, as rl-zoo's enjoy: the env's 'human' mode draws every step at its
     frame rate. SDL's dummy driver stands in for a display here (the same pygame calls, no window).
