@@ -257,7 +257,8 @@ def cmd_train(argv: list[str], console: Console) -> int:
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:
-    status = "[green]solved[/green]" if s["solved"] else "stopped at --stop-time-s" if s.get("timed_out") else "done"
+    status = ("[green]solved[/green]" if s["solved"] else "done" if not s.get("timed_out") else
+              f"stopped at --stop-time-s ({s['wall_s']:.1f} s of wall time, start-up and evaluations included)")
     from shoal.evaluator import format_returns
 
     success = f" (success {s['eval_success_rate']:.0%})" if s.get("eval_success_rate") is not None else ""

@@ -237,7 +237,7 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
             "eval_success_rate": evaluation.get("eval/success_rate"),
             "solved": solved, "stopped_by_callback": halted,
             "timed_out": not solved and not halted and algo.env_steps < c.total_steps and out_of_time(),
-            "checkpoint": str(last), "plot": str(plot)}
+            "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s}
 
 
 def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None) -> dict[str, Any]:
