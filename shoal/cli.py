@@ -519,6 +519,12 @@ def cmd_check_env(argv: list[str], console: Console) -> int:
             refused.setdefault(reason, []).append(name)
     for reason, names in refused.items():
         console.print(f"    not {', '.join(names)}: {reason}", markup=False, highlight=False)
+    if report.hindsight is None:
+        console.print("  a goal env: --her-goals relabels its transitions with hindsight goals (dqn, sac, td3, ddpg)",
+                      markup=False, highlight=False)
+    elif report.hindsight:
+        console.print(f"  a goal env that --her-goals cannot relabel: {report.hindsight}", markup=False,
+                      highlight=False)
     if report.step_failure:
         console.print(f"  random actions: FAILED after {report.steps:,} steps: {report.step_failure}", markup=False,
                       highlight=False)

@@ -39,6 +39,9 @@ class EnvReport:
     """Episodes those steps ended."""
     step_failure: str | None = None
     """What the env raised on a random action, if it did (one that takes legal actions only, say)."""
+    hindsight: str | None = None
+    """For a goal env (a Dict of observation, achieved_goal and desired_goal): None where
+    ``--her-goals`` can relabel its transitions, else why not; "" for any other env."""
 
     @property
     def ok(self) -> bool:
@@ -79,9 +82,26 @@ def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: fl
             report.algorithms[name] = None
         except ShoalError as e:
             report.algorithms[name] = str(e)
+    report.hindsight = _hindsight(env_id, env_kwargs)
     if report.problem is None:
         _time_random_steps(report, env_id, env_kwargs, seconds)
     return report
+
+
+def _hindsight(env_id: str, env_kwargs: dict[str, Any] | None) -> str | None:
+    """Whether --her-goals takes the env (see :attr:`EnvReport.hindsight`)."""
+    from shoal.hindsight import Hindsight, goal_layout, own_space
+
+    env = make_env(env_id, kwargs=env_kwargs)
+    try:
+        if goal_layout(own_space(env)) is None:
+            return ""
+        Hindsight.for_env(env, k=4, strategy="future", gamma=0.99)
+        return None
+    except ShoalError as e:
+        return str(e)
+    finally:
+        env.close()
 
 
 def _time_random_steps(report: EnvReport, env_id: str, env_kwargs: dict[str, Any] | None, seconds: float) -> None:

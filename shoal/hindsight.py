@@ -63,7 +63,7 @@ def goal_layout(space: gym.Space | None) -> GoalLayout | None:
     return GoalLayout(offsets["achieved_goal"], offsets["desired_goal"], tuple(desired.shape), desired.dtype)
 
 
-def _own_space(env: gym.Env) -> gym.Space | None:
+def own_space(env: gym.Env) -> gym.Space | None:
     """The observation space the env itself gives, below shoal's flattening wrapper."""
     inner = env
     while isinstance(inner, gym.Wrapper):
@@ -93,7 +93,7 @@ class Hindsight:
                 seed: int = 0) -> Hindsight:
         """A relabeller for the envs that ``env`` (made by :func:`shoal.envs.make_env`) is one of;
         a clear error if it is not a goal env."""
-        own = _own_space(env)
+        own = own_space(env)
         layout = goal_layout(own)
         if layout is None:
             space = own or env.observation_space

@@ -27,6 +27,14 @@ def test_cartpole_is_ready_for_the_algorithms_of_discrete_actions(capsys):
     assert float(rate.split(" steps/s")[0].replace(",", "")) > 1000 and "episodes ended" in rate, out
 
 
+def test_a_goal_env_is_said_to_take_hindsight_goals(capsys):
+    code, out, err = check(capsys, "BitFlipping-v0")
+    assert code == 0, err
+    assert "a goal env: --her-goals relabels its transitions with hindsight goals (dqn, sac, td3, ddpg)" in out
+    code, out, _ = check(capsys, "CartPole-v1")
+    assert "goal env" not in out
+
+
 class OutOfSpace(gym.Env):
     """Its first observation lies outside its observation space."""
 
