@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from shoal.envs import check_env_id, env_spaces, error_line, make_env
+from shoal.envs import check_env_id, error_line, make_env
 from shoal.errors import ShoalError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -58,41 +58,38 @@ def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: fl
 
     check_env_id(env_id)
     report = EnvReport(env_id)
-    env = make_env(env_id, kwargs=env_kwargs)  # shoal's own error for an env that cannot be made
-    env.close()
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        raw = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
-        try:
-            gymnasium_check(raw.unwrapped, skip_render_check=True)
-        except Exception as e:  # the env's own code, or the checker's assertion about it
-            report.problem = error_line(e)
-        finally:
-            raw.close()
-    report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said))
+    env = make_env(env_id, kwargs=env_kwargs)  # shoal's make of it; its own error for an env that cannot be made
     try:
-        report.spaces = env_spaces(env_id, env_kwargs)
-    except ShoalError as e:
-        report.algorithms = {name: str(e) for name in sorted(ALGOS)}
-        return report
-    for name in sorted(ALGOS):
-        spec = ALGOS[name]
-        try:
-            spec.make_policy(spec.config_cls(), *report.spaces)
-            report.algorithms[name] = None
-        except ShoalError as e:
-            report.algorithms[name] = str(e)
-    report.hindsight = _hindsight(env_id, env_kwargs)
-    if report.problem is None:
-        _time_random_steps(report, env_id, env_kwargs, seconds)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            raw = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+            try:
+                gymnasium_check(raw.unwrapped, skip_render_check=True)
+            except Exception as e:  # the env's own code, or the checker's assertion about it
+                report.problem = error_line(e)
+            finally:
+                raw.close()
+        report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said))
+        report.spaces = (env.observation_space, env.action_space)
+        for name in sorted(ALGOS):
+            spec = ALGOS[name]
+            try:
+                spec.make_policy(spec.config_cls(), *report.spaces)
+                report.algorithms[name] = None
+            except ShoalError as e:
+                report.algorithms[name] = str(e)
+        report.hindsight = _hindsight(env)
+        if report.problem is None:
+            _time_random_steps(report, env, seconds)
+    finally:
+        env.close()
     return report
 
 
-def _hindsight(env_id: str, env_kwargs: dict[str, Any] | None) -> str | None:
-    """Whether --her-goals takes the env (see :attr:`EnvReport.hindsight`)."""
+def _hindsight(env: gym.Env) -> str | None:
+    """Whether --her-goals takes ``env`` (see :attr:`EnvReport.hindsight`)."""
     from shoal.hindsight import Hindsight, goal_layout, own_space
 
-    env = make_env(env_id, kwargs=env_kwargs)
     try:
         if goal_layout(own_space(env)) is None:
             return ""
@@ -100,14 +97,11 @@ def _hindsight(env_id: str, env_kwargs: dict[str, Any] | None) -> str | None:
         return None
     except ShoalError as e:
         return str(e)
-    finally:
-        env.close()
 
 
-def _time_random_steps(report: EnvReport, env_id: str, env_kwargs: dict[str, Any] | None, seconds: float) -> None:
+def _time_random_steps(report: EnvReport, env: gym.Env, seconds: float) -> None:
     """Random actions in shoal's make of the env for ``seconds``: its raw step rate, the ceiling
     of what one runner's copy of it can sample."""
-    env = make_env(env_id, kwargs=env_kwargs)
     env.action_space.seed(0)
     start = time.perf_counter()
     try:
@@ -121,6 +115,4 @@ def _time_random_steps(report: EnvReport, env_id: str, env_kwargs: dict[str, Any
                     env.reset()
     except Exception as e:  # the env's own code
         report.step_failure = error_line(e)
-    finally:
-        report.steps_per_s = report.steps / (time.perf_counter() - start)
-        env.close()
+    report.steps_per_s = report.steps / (time.perf_counter() - start)
