@@ -62,6 +62,13 @@ CASES = {
     "sac-central": ("sac", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
     "sac-discrete-central": ("sac", "CartPole-v1", dict(OFF_POLICY, inference="central")),
     "td3-central": ("td3", "Pendulum-v1", dict(OFF_POLICY, inference="central")),
+    # --encoder: the user's module (tests/user_encoders.py) moves with the networks it feeds; SAC's
+    # critics have one of their own
+    "ppo-encoder": ("ppo", "CartPole-v1", dict(ON_POLICY, minibatch_size=32, num_epochs=2,
+                                               encoder="user_encoders:Tanh", encoder_kwargs={"width": 16})),
+    "sac-encoder": ("sac", "Pendulum-v1", dict(OFF_POLICY, encoder="user_encoders:Tanh")),
+    "dqn-images-encoder": ("dqn", "MiniGrid-Empty-5x5-v0", dict(OFF_POLICY, buffer_size=1000,
+                                                                encoder="user_encoders:SmallCNN")),
 }
 
 # --runner-device: the runners' policy copies act on the device (learner there too); each of these
@@ -69,7 +76,7 @@ CASES = {
 # memory, gSDE's held noise, epsilon-greedy, a tanh-Gaussian, clipped noise; Ape-X's runners compute
 # the priorities of what they insert
 RUNNER_CASES = {**{case: CASES[case] for case in ("dqn-images", "ppo", "ppo-lstm", "ppo-sde", "sac", "td3",
-                                                  "ppo-continuous")},
+                                                  "ppo-continuous", "sac-encoder")},
                 "dqn-apex": ("dqn", "CartPole-v1", dict(OFF_POLICY, apex=True, prioritized=True, num_env_runners=2))}
 
 # learners whose iterations must make the host wait for the device no more often with more
@@ -305,7 +312,8 @@ def test_published_weights_leave_the_device_in_one_copy_per_dtype(fakegpu):
         np.testing.assert_array_equal(got[k], value, err_msg=k)
 
 
-@pytest.mark.parametrize("case", ["ppo", "ppo-continuous", "ppo-sde", "ppo-lstm", "dqn", "sac", "sac-images"])
+@pytest.mark.parametrize("case", ["ppo", "ppo-continuous", "ppo-sde", "ppo-lstm", "dqn", "sac", "sac-images",
+                                  "ppo-encoder", "dqn-images-encoder"])
 def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(fakegpu, tmp_path, case):
     from shoal.remote.policyserver import PolicyClient, PolicyServer
 
@@ -328,7 +336,7 @@ def test_a_deployed_policy_and_the_policy_server_act_on_a_device_as_on_the_cpu(f
         np.testing.assert_allclose(h, h2, atol=1e-5)
         return
     np.testing.assert_allclose(device.act(obs), cpu.act(obs), atol=1e-5)
-    if case == "ppo":  # exported from a CPU copy, checked there against its actions
+    if case in ("ppo", "ppo-encoder"):  # exported from a CPU copy, checked there against its actions
         assert device.export_onnx(tmp_path / "policy.onnx")["checked"] > 0
     server = PolicyServer({"default": tmp_path / "ck"}, port=0, device=fakegpu).start()
     assert {p.device.type for p in server.policies["default"].module.parameters()} == {"fakegpu"}
