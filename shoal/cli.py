@@ -198,7 +198,9 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run),
 --env-kwargs KEY=VALUE ... (the env constructor's keyword arguments, as gym.make takes them:
 --env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs),
---encoder-kwargs KEY=VALUE ... (the --encoder class's keyword arguments; setting encoder_kwargs)."""
+--encoder-kwargs KEY=VALUE ... (the --encoder class's keyword arguments; setting encoder_kwargs),
+--env-wrapper module:Name [KEY=VALUE ...] (a wrapper around every env, with its keyword arguments;
+repeat it for more, innermost first; setting env_wrappers)."""
 
 
 def _pre_parser(prog: str) -> argparse.ArgumentParser:
@@ -210,7 +212,38 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--env-kwargs", action="append", nargs="+", default=[])
     pre.add_argument("--encoder")  # with --encoder-kwargs, which a config checks against it
     pre.add_argument("--encoder-kwargs", action="append", nargs="+", default=[])
+    pre.add_argument("--env-wrapper", "--env-wrappers", dest="env_wrapper", action="append", nargs="+", default=[])
     return pre
+
+
+def wrapper_groups(groups: list[list[str]]) -> list[Any]:
+    """``--env-wrapper module:Name KEY=VALUE ...`` flags (each a group: the name, then its keyword
+    arguments read as YAML) as ``env_wrappers`` entries."""
+    from shoal.config import parse_set
+
+    return [{name: parse_set(rest, f"--env-wrapper {name}")} if rest else name for name, *rest in groups]
+
+
+def _take_wrappers(argv: list[str]) -> tuple[list[str], list[Any]]:
+    """``argv`` without its ``--env-wrapper`` flags, and what they give (:func:`wrapper_groups`)."""
+    rest: list[str] = []
+    groups: list[list[str]] = []
+    taking = False
+    for arg in argv:
+        if arg in ("--env-wrapper", "--env-wrappers"):  # the setting's name, env_wrappers, as a flag too
+            groups.append([])
+            taking = True
+        elif arg.startswith(("--env-wrapper=", "--env-wrappers=")):
+            groups.append([arg.partition("=")[2]])
+            taking = True
+        elif taking and not arg.startswith("-") and (not groups[-1] or "=" in arg):  # the name, then KEY=VALUEs
+            groups[-1].append(arg)
+        else:
+            taking = False
+            rest.append(arg)
+    if any(not group for group in groups):
+        raise ShoalError("--env-wrapper takes 'module:Name', then its keyword arguments KEY=VALUE ...")
+    return rest, wrapper_groups(groups)
 
 
 def cmd_train(argv: list[str], console: Console) -> int:
@@ -229,6 +262,8 @@ def cmd_train(argv: list[str], console: Console) -> int:
     if known.encoder_kwargs:
         sets["encoder_kwargs"] = cfg.parse_set([item for group in known.encoder_kwargs for item in group],
                                                "--encoder-kwargs")
+    if known.env_wrapper:
+        sets["env_wrappers"] = wrapper_groups(known.env_wrapper)
     env = cfg.env_setting(known.env) if known.env else None
     if known.resume:
         from shoal.algorithm import config_from_dict
@@ -487,6 +522,8 @@ class CheckEnvArgs:
     """Environment id (module:EnvId imports module first, as `shoal train --env` does)."""
     env_kwargs: tuple[str, ...] = ()
     """KEY=VALUE keyword arguments of the env's constructor (values read as YAML)."""
+    env_wrapper: tuple[str, ...] = ()
+    """module:Name [KEY=VALUE ...]: a wrapper around the env, as a run's --env-wrapper (repeatable)."""
     seconds: float = 1.0
     """How long to step it with random actions."""
 
@@ -494,14 +531,16 @@ class CheckEnvArgs:
 def cmd_check_env(argv: list[str], console: Console) -> int:
     from shoal.config import parse_set
     from shoal.envcheck import check_env
-    from shoal.envs import is_remote
+    from shoal.envs import is_remote, wrapper_pairs, wrapper_specs
 
+    argv, wrappers = _take_wrappers(argv)
     args = _parse(CheckEnvArgs, _gather(argv, "--env-kwargs"), "shoal check-env")
     if is_remote(args.env_id):
         raise ShoalError("check-env checks an env made here: give its id, not an env server's remote:// URL")
     if not args.seconds >= 0:
         raise ShoalError(f"--seconds must be 0 or more, got {args.seconds}")
-    report = check_env(args.env_id, parse_set(list(args.env_kwargs), "--env-kwargs"), args.seconds)
+    report = check_env(args.env_id, parse_set(list(args.env_kwargs), "--env-kwargs"), args.seconds,
+                       wrapper_pairs(wrapper_specs(wrappers)))
     console.print(f"[bold]{args.env_id}[/bold]", highlight=False)
     found = f"FAILED: {report.problem}" if report.problem else "passed"
     console.print(f"  Gymnasium's env checker: {found}", markup=False, highlight=False)
@@ -552,6 +591,9 @@ class ServeEnvArgs:
     info_action_mask: bool = False
     """Serve the legal actions, read from info["action_mask"], as each observation's mask (as a
     run's --info-action-mask)."""
+    env_wrapper: tuple[str, ...] = ()
+    """module:Name [KEY=VALUE ...]: a wrapper around every env served, as a run's --env-wrapper
+    (repeatable, innermost first)."""
     num_envs: int = 8
     """Envs per client session, stepped together as one batch per request."""
     host: str = "127.0.0.1"
@@ -595,25 +637,28 @@ def _gather(argv: list[str], flag: str) -> list[str]:
 
 
 def cmd_serve_env(argv: list[str], console: Console) -> int:
-    from shoal.envs import EnvOptions
+    from shoal.envs import EnvOptions, wrapper_pairs, wrapper_specs
     from shoal.remote.envserver import EnvServer
     from shoal.remote.server import read_token
 
     from shoal.config import parse_set
 
+    argv, wrappers = _take_wrappers(argv)
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     _check_flags(("--max-sessions", args.max_sessions, "at least 1"),
                  ("--session-timeout-s", args.session_timeout_s, "positive"),
                  ("--max-message-mb", args.max_message_mb, "positive"))
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
                        env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
-                       env_options=EnvOptions(args.frame_stack, args.info_action_mask),
+                       env_options=EnvOptions(args.frame_stack, args.info_action_mask,
+                                              wrapper_pairs(wrapper_specs(wrappers))),
                        session_timeout_s=args.session_timeout_s, host=args.host, port=args.port,
                        token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                        tls_cert=args.tls_cert, tls_key=args.tls_key)
     made = "".join(f"{k}={v!r}, " for k, v in server.env_kwargs.items())
     made += f"frame stack {args.frame_stack}, " if args.frame_stack is not None else ""
     made += "action mask from info, " if args.info_action_mask else ""
+    made += "".join(f"in {path}, " for path, _ in server.env_options.wrappers)
     return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)")
 
 

@@ -49,6 +49,13 @@ class Config:
     info_action_mask: bool = False
     """Read the legal actions from info["action_mask"] after each reset and step (Gymnasium's Taxi
     gives it there), as an observation's action_mask entry is read."""
+    env_wrappers: list[str | dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Wrappers around every env the run makes (rl-zoo's env_wrapper, SB3's wrapper_class),
+    innermost first: 'module:Name' (a gymnasium.Wrapper class, or a function taking the env), or
+    {'module:Name': {keyword arguments}}: --env-wrapper gymnasium.wrappers:TimeLimit
+    max_episode_steps=100, repeatable. They wrap the env as gym.make gives it (an Atari game once
+    preprocessed), before shoal flattens its observations or stacks them. The returns shoal reports
+    are the wrapped env's. In Python, the class or function itself too."""
     backend: Literal["local", "ray"] = "local"
     """Where the roles run: `local` (one process) or `ray` (each role a Ray actor)."""
     address: str | None = None
@@ -195,7 +202,7 @@ class Config:
             from shoal.envs import REMOTE_KWARGS
 
             raise ConfigError(REMOTE_KWARGS)
-        elif self.frame_stack is not None or self.info_action_mask:
+        elif self.frame_stack is not None or self.info_action_mask or self.env_wrappers:
             from shoal.envs import REMOTE_OPTIONS
 
             raise ConfigError(REMOTE_OPTIONS)
@@ -275,6 +282,8 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "vtrace_clip_rho_threshold": ("RLlib's", {"vtrace_rho_bar": ""}),
     "time_total_s": ("RLlib's", {"stop_time_s": ""}),
     "num_gpus": ("RLlib's", {"device": ""}),
+    "env_wrapper": ("rl-zoo's", {"env_wrappers": " (the same list)"}),
+    "wrapper_class": ("SB3's", {"env_wrappers": " (a list of them)"}),
 }
 
 
@@ -307,7 +316,13 @@ def _coerce(cls: type, key: str, value: Any) -> Any:
             raise ConfigError(f"{key} needs a value (give {key}=VALUE)")
         return None
     if key == "encoder" and isinstance(value, type):  # the class itself, in Python
-        return _encoder_class_path(value)
+        from shoal.envs import callable_path
+
+        return callable_path(value, "encoder", "my_encoders.py")
+    if key == "env_wrappers":
+        from shoal.envs import wrapper_specs
+
+        return wrapper_specs(value)
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
         hint = non_none[0] if len(non_none) == 1 else hint
@@ -449,20 +464,6 @@ def preset_env(env: str) -> str:
     if env.startswith("remote://"):
         return env.partition("://")[2].partition("/")[2] or env
     return env
-
-
-def _encoder_class_path(cls: type) -> str:
-    """``module:ClassName`` of an encoder class given in Python: every process that builds the
-    policy (Ray workers, ``shoal eval``, the policy server) imports it by that path, so it must
-    live in a module, not in a script run as ``__main__`` or inside another class or function."""
-    import sys
-
-    module = sys.modules.get(cls.__module__)
-    if cls.__module__ == "__main__" or getattr(module, cls.__qualname__, None) is not cls:
-        raise ConfigError(f"encoder {cls.__qualname__}: put the class in a module of its own (my_encoders.py) and "
-                          "import it from there: runners, evaluators and `shoal eval` import it by "
-                          "'module:ClassName', and a script's classes cannot be imported that way")
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _check_encoder(path: str) -> None:

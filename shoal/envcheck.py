@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from shoal.envs import check_env_id, error_line, make_env
+from shoal.envs import EnvOptions, check_env_id, error_line, make_env, wrap
 from shoal.errors import ShoalError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -49,27 +49,31 @@ class EnvReport:
                 and any(reason is None for reason in self.algorithms.values()))
 
 
-def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: float = 1.0) -> EnvReport:
-    """Check ``env_id`` (made with ``env_kwargs``) as :class:`EnvReport` says, stepping it with
-    random actions for about ``seconds``. An env that cannot be made at all raises ShoalError."""
+def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: float = 1.0,
+              wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()) -> EnvReport:
+    """Check ``env_id`` (made with ``env_kwargs``, inside ``wrappers``: see EnvOptions) as
+    :class:`EnvReport` says, stepping it with random actions for about ``seconds``. An env that
+    cannot be made at all raises ShoalError."""
     from gymnasium.utils.env_checker import check_env as gymnasium_check
 
     from shoal.algos import ALGOS
 
     check_env_id(env_id)
     report = EnvReport(env_id)
-    env = make_env(env_id, kwargs=env_kwargs)  # shoal's make of it; its own error for an env that cannot be made
+    # shoal's make of it; its own error for an env that cannot be made
+    env = make_env(env_id, kwargs=env_kwargs, options=EnvOptions(wrappers=wrappers))
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             raw = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
-            try:
-                gymnasium_check(raw.unwrapped, skip_render_check=True)
+            try:  # the env as the user's wrappers give it to shoal, or as its own code does
+                gymnasium_check(wrap(raw, wrappers) if wrappers else raw.unwrapped, skip_render_check=True)
             except Exception as e:  # the env's own code, or the checker's assertion about it
                 report.problem = error_line(e)
             finally:
                 raw.close()
-        report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said))
+        report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said
+                                             if not (wrappers and "different from the unwrapped" in str(w.message))))
         report.spaces = (env.observation_space, env.action_space)
         for name in sorted(ALGOS):
             spec = ALGOS[name]

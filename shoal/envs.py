@@ -152,6 +152,93 @@ def register_spec(spec: Any) -> None:
         gym.registry[spec.id] = spec
 
 
+def callable_path(obj: Any, what: str, example: str) -> str:
+    """``module:Name`` of a class or function given in Python (an encoder, an env wrapper): every
+    process that uses it (Ray workers, ``shoal eval``, the policy server) imports it by that path,
+    so it must live in a module, not in a script run as ``__main__`` or inside a function."""
+    module = sys.modules.get(obj.__module__)
+    if obj.__module__ == "__main__" or getattr(module, obj.__qualname__, None) is not obj:
+        raise ConfigError(f"{what} {obj.__qualname__}: put it in a module of its own ({example}) and import it from "
+                          "there: runners, evaluators and `shoal eval` import it by 'module:Name', and a script's "
+                          "classes and functions cannot be imported that way")
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def wrapper_specs(value: Any) -> list[Any]:
+    """``env_wrappers`` in the form a config keeps (rl-zoo's ``env_wrapper``): a list whose items are
+    'module:Name' or a one-entry mapping {'module:Name': {keyword arguments}}. It takes one item
+    or a list of them; an item may also be rl-zoo's dotted 'package.module.Name', a class or function
+    (from Python), or a (name, kwargs) pair. Each name must import as a callable."""
+    items = list(value) if isinstance(value, list) else [value]
+    specs: list[Any] = []
+    for item in items:
+        kwargs: Any = {}
+        if isinstance(item, dict):
+            if len(item) != 1:
+                raise ConfigError(f"env_wrappers: an entry with keyword arguments is one 'module:Name': {{key: value}} "
+                                  f"mapping, got {item!r}")
+            ((item, kwargs),) = item.items()
+        elif isinstance(item, tuple) and len(item) == 2:
+            item, kwargs = item
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise ConfigError(f"env_wrappers: {item}'s keyword arguments must be a mapping of names to values, "
+                              f"got {kwargs!r}")
+        path = _wrapper_path(item)
+        wrapper_callable(path)
+        specs.append({path: dict(kwargs)} if kwargs else path)
+    return specs
+
+
+def _wrapper_path(item: Any) -> str:
+    if callable(item) and not isinstance(item, str):
+        return callable_path(item, "env wrapper", "my_wrappers.py")
+    if not isinstance(item, str):
+        raise ConfigError(f"env_wrappers takes 'module:Name' (a gymnasium.Wrapper class, or a function that takes "
+                          f"the env and returns one), got {item!r}")
+    module, sep, name = item.partition(":") if ":" in item else item.rpartition(".")
+    if not (sep and all(part.isidentifier() for part in module.split(".")) and name.isidentifier()):
+        raise ConfigError(f"--env-wrapper takes 'module:Name' (or rl-zoo's 'package.module.Name'): a "
+                          f"gymnasium.Wrapper class, or a function that takes the env and returns one; got {item!r}")
+    return f"{module}:{name}"
+
+
+def wrapper_callable(path: str) -> Any:
+    """The class or function an env wrapper's 'module:Name' names, its module imported (from the
+    working directory too, as a ``module:EnvId`` env's)."""
+    module, _, name = path.partition(":")
+    try:
+        import_user_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--env-wrapper {path}: cannot import {module!r}: {e}") from None
+    found = getattr(sys.modules[module], name, None)
+    if not callable(found):
+        what = "nothing" if found is None else f"a {type(found).__name__}"
+        raise ConfigError(f"--env-wrapper {path}: {module} holds {what} by the name {name!r}, not a wrapper class "
+                          "or function")
+    return found
+
+
+def wrap(env: gym.Env, wrappers: tuple[tuple[str, dict[str, Any]], ...]) -> gym.Env:
+    """``env`` inside each of ``wrappers`` (their 'module:Name' and keyword arguments), innermost first."""
+    for path, kwargs in wrappers:
+        name = path.partition(":")[2]
+        try:
+            wrapped = wrapper_callable(path)(env, **kwargs)
+        except ShoalError:
+            env.close()
+            raise
+        except Exception as e:  # the user's wrapper: its mistake, in one line
+            env.close()
+            raise ShoalError(f"--env-wrapper {path}: {name}(env, **{kwargs}) raised {error_line(e)}") from None
+        if not isinstance(wrapped, gym.Env):
+            env.close()
+            raise ShoalError(f"--env-wrapper {path}: {name}(env, **{kwargs}) returned a {type(wrapped).__name__}, "
+                             "not a gymnasium.Env")
+        env = wrapped
+    return env
+
+
 @dataclass(frozen=True)
 class EnvOptions:
     """What a run asks of its envs besides their constructor's kwargs, the same for every env it
@@ -162,6 +249,9 @@ class EnvOptions:
     """The last N observations stacked into one (None: the env's own, Atari's 4, else 1)."""
     info_action_mask: bool = False
     """The legal actions are read from ``info["action_mask"]`` after each reset and step."""
+    wrappers: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """The user's wrappers ('module:Name' and keyword arguments), innermost first, around the env
+    as ``gym.make`` gives it (an Atari game's after its preprocessing)."""
 
     def __post_init__(self) -> None:
         if self.frame_stack is not None and self.frame_stack < 1:
@@ -170,12 +260,22 @@ class EnvOptions:
     @classmethod
     def of(cls, config: Any) -> EnvOptions:
         """A run's options, from its config (a config without these settings asks for none)."""
-        return cls(getattr(config, "frame_stack", None), bool(getattr(config, "info_action_mask", False)))
+        return cls(getattr(config, "frame_stack", None), bool(getattr(config, "info_action_mask", False)),
+                   wrapper_pairs(getattr(config, "env_wrappers", ())))
 
     @property
     def given(self) -> bool:
         """Whether these ask anything of an env: envs served remotely are made by their server."""
-        return self.frame_stack is not None or self.info_action_mask
+        return self.frame_stack is not None or self.info_action_mask or bool(self.wrappers)
+
+
+def wrapper_pairs(specs: Any) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """``env_wrappers`` (see :func:`wrapper_specs`) as ('module:Name', kwargs) pairs."""
+    pairs = []
+    for spec in specs or ():
+        ((path, kwargs),) = spec.items() if isinstance(spec, dict) else [(spec, {})]
+        pairs.append((path, dict(kwargs)))
+    return tuple(pairs)
 
 
 NO_OPTIONS = EnvOptions()
@@ -217,8 +317,9 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
 
 REMOTE_KWARGS = ("env_kwargs apply to envs made in this process; an env server makes its own: give them to "
                  "`shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
-REMOTE_OPTIONS = ("frame_stack and info_action_mask apply to envs made in this process; an env server makes its "
-                  "own: give them to `shoal serve-env ENV_ID --frame-stack N --info-action-mask`")
+REMOTE_OPTIONS = ("frame_stack, info_action_mask and env_wrappers apply to envs made in this process; an env server "
+                  "makes its own: give them to `shoal serve-env ENV_ID --frame-stack N --info-action-mask "
+                  "--env-wrapper module:Name`")
 
 FLATTENED = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Tuple, gym.spaces.Dict)
 
@@ -252,7 +353,9 @@ def _made(env_id: str, options: EnvOptions = NO_OPTIONS, **kwargs: Any) -> gym.E
     and state per cell), its direction and the mission's text: they become the view alone
     (MiniGrid's ImgObsWrapper, as its own baselines train), which the image encoders take.
 
-    ``options.info_action_mask`` puts ``info["action_mask"]`` into the observation, as an
+    ``options.wrappers``, the user's, wrap the env first (an Atari game once preprocessed): what
+    shoal does next applies to what they give (MiniGrid's view is taken only from a Dict that still
+    holds it). ``options.info_action_mask`` puts ``info["action_mask"]`` into the observation, as an
     ``action_mask`` entry would be; ``options.frame_stack`` stacks what all this gives (see
     :func:`stack_frames`), or sets the size of an Atari game's stack."""
     name = f"environment {env_id!r}"
@@ -269,12 +372,14 @@ def _made(env_id: str, options: EnvOptions = NO_OPTIONS, **kwargs: Any) -> gym.E
         if options.info_action_mask:
             env.close()
             raise ShoalError(f"{name} gives no action mask in its info: Atari games take every action")
+        env = wrap(env, options.wrappers)
         stack = ATARI_FRAME_STACK if options.frame_stack is None else options.frame_stack
         return env if stack == 1 else FrameStackObservation(env, stack)
-    env = gym.make(env_id, **kwargs)
+    env = wrap(gym.make(env_id, **kwargs), options.wrappers)
     if options.info_action_mask:
         env = InfoActionMask(env, env_id)
-    if _entry_point(env_id).startswith("minigrid."):
+    if _entry_point(env_id).startswith("minigrid.") and isinstance(env.observation_space, gym.spaces.Dict) and (
+            "image" in env.observation_space.spaces):
         from minigrid.wrappers import ImgObsWrapper
 
         env = ImgObsWrapper(env)

@@ -4,6 +4,8 @@ run with one learns, deploys, exports and resumes; mistakes in it end in one lin
 
 from __future__ import annotations
 
+import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,21 +153,27 @@ def test_trpo_and_a_scripts_own_class_are_refused():
     class Mine(torch.nn.Module):  # inside a function: no process could import it by name
         pass
 
-    with pytest.raises(ConfigError, match="put the class in a module of its own"):
+    with pytest.raises(ConfigError, match="put it in a module of its own"):
         shoal.PPOConfig(env="CartPole-v1", encoder=Mine)
 
 
-def test_the_shoal_script_finds_an_encoder_module_in_the_working_directory_on_the_ray_backend(tmp_path):
-    """As a README user does: my_encoders.py beside them, `shoal train ... --backend ray`; the Ray
-    workers (runners, evaluator) import it too; `shoal eval` in that directory builds it again."""
+def test_the_shoal_script_finds_encoder_and_wrapper_modules_in_the_working_directory_on_the_ray_backend(tmp_path):
+    """As a README user does: my_encoders.py and my_wrappers.py beside them, `shoal train ...
+    --backend ray`; the Ray workers (runners, evaluator) import them too; `shoal eval` in that
+    directory builds them again (its episodes cut at the wrapper's 9 steps)."""
     (tmp_path / "my_encoders.py").write_text(Path(user_encoders.__file__).read_text())
+    (tmp_path / "my_wrappers.py").write_text((Path(user_encoders.__file__).parent / "user_wrappers.py").read_text())
     script = str(Path(sys.executable).parent / "shoal")
     done = subprocess.run([script, "train", "ppo", "--env", "CartPole-v1", "--backend", "ray", "--num-env-runners",
-                           "2", "--encoder", "my_encoders:Tanh", "--total-steps", "512", "--num-envs-per-runner", "4",
-                           "--rollout-steps", "16", "--minibatch-size", "64", "--eval-episodes", "2", "--no-progress",
-                           "--run-dir", "run"],
+                           "2", "--encoder", "my_encoders:Tanh", "--env-wrapper", "my_wrappers:time_limit", "steps=9",
+                           "--total-steps", "512", "--num-envs-per-runner", "4", "--rollout-steps", "16",
+                           "--minibatch-size", "64", "--eval-episodes", "2", "--no-progress", "--run-dir", "run"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    done = subprocess.run([script, "eval", "run", "--episodes", "1"], cwd=tmp_path, capture_output=True, text=True,
+    lengths = [float(row["episode/length_mean"]) for row in csv.DictReader(open(tmp_path / "run" / "progress.csv"))
+               if row["episode/length_mean"]]
+    assert lengths and max(lengths) <= 9, lengths  # the runners' envs, in their Ray workers, are wrapped
+    done = subprocess.run([script, "eval", "run", "--episodes", "3"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "CartPole-v1: return" in done.stdout, done.stderr
+    assert float(re.search(r"return ([-\d.]+)", done.stdout)[1]) <= 9, done.stdout
