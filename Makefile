@@ -31,10 +31,10 @@ install: $(BIN)/python $(BIN)/uv
 	$(UV) -e .
 
 install-dev: $(BIN)/python $(BIN)/uv
-	$(UV) -e '.[dev,atari,minigrid,export,robotics,mujoco]'
+	$(UV) -e '.[dev,atari,minigrid,export,robotics,mujoco,tune]'
 
 install-bench: $(BIN)/python $(BIN)/uv
-	$(UV) -e '.[dev,atari,minigrid,export,bench,robotics,mujoco]'
+	$(UV) -e '.[dev,atari,minigrid,export,bench,robotics,mujoco,tune]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475

@@ -30,7 +30,7 @@ _EXPORTS = {
     "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac", "batched": "shoal.batching",
     "RemoteVectorEnv": "shoal.remote.client", "PolicyClient": "shoal.remote.policyserver",
     "ServerError": "shoal.remote.client",
-    "make_config": "shoal.algos",
+    "make_config": "shoal.algos", "tune": "shoal.tuning",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

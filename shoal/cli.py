@@ -187,6 +187,7 @@ commands:
   algos                               list algorithms and their presets
   envs [TEXT ...]                     list environment ids (containing any TEXT, in any case) and their presets
   check-env ENV_ID                    check that an env is ready to train on (Gymnasium's checker, algorithms, speed)
+  tune ALGO --env ENV_ID [--trials N]  search its settings with Optuna (--param NAME=SPEC ...; best.yaml for train)
 """
 
 TRAIN_HELP = """Train {algo} on a Gymnasium environment.
@@ -765,8 +766,79 @@ def _serve(server: Any, console: Console, what: str) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class TuneArgs:
+    """Search an algorithm's settings with Optuna, as rl-baselines3-zoo's --optimize does: each trial
+    a whole run in a directory of its own, its settings drawn by the TPE sampler, pruned by the
+    median of the earlier trials at each evaluation, its value the final evaluation's mean return.
+    Writes study.db (Optuna's SQLite storage), trials.csv and best.yaml (train with it: shoal train
+    ALGO --env ENV --config best.yaml) in the study directory. The same command with the same
+    --study-dir runs more trials of the study."""
+
+    algo: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ALGO")]
+    """Algorithm to tune (`shoal algos` lists them)."""
+    env: str
+    """Gymnasium environment id to tune it on."""
+    trials: int = 20
+    """Trials to run (this many more, in a study that has some)."""
+    total_steps: int | None = None
+    """Env steps of each trial (default: the preset's total_steps)."""
+    evaluations: int = 5
+    """Evaluations in each trial, each reported to the pruner; the last gives the trial's value."""
+    param: tuple[str, ...] = ()
+    """NAME=SPEC settings to search, instead of the algorithm's default space: log(A, B) (log-uniform),
+    float(A, B), int(A, B), or a YAML list of choices: --param 'lr=log(1e-5, 1e-2)' 'hidden_sizes=[[64, 64],
+    [256, 256]]'."""
+    set: tuple[str, ...] = ()
+    """KEY=VALUE settings every trial has (values read as YAML), as shoal train's --set."""
+    config: str | None = None
+    """A YAML file of settings every trial has, as shoal train's --config."""
+    env_kwargs: tuple[str, ...] = ()
+    """KEY=VALUE keyword arguments of the env's constructor, as shoal train's."""
+    study_dir: str | None = None
+    """Where the study is written (default runs/tune-ALGO-ENV-TIME); one that holds a study gets more trials."""
+    seed: int = 0
+    """Seed of the sampler and of every trial's run (the same for all: their settings differ, not their luck)."""
+    startup_trials: int = 5
+    """Trials drawn at random before TPE models the results, and before the pruner prunes."""
+    prune: bool = True
+    """Prune trials below the median at an evaluation (--no-prune: run every trial to its end)."""
+    timeout_s: float | None = None
+    """Start no trial after this many seconds of the study."""
+
+
+def cmd_tune(argv: list[str], console: Console) -> int:
+    from shoal.config import parse_set
+    from shoal.tuning import tune
+
+    for flag in ("--param", "--set", "--env-kwargs"):
+        argv = _gather(argv, flag)
+    args = _parse(TuneArgs, argv, "shoal tune")
+    params = {}
+    for item in args.param:
+        name, sep, spec = item.partition("=")
+        if not sep or not name.strip():
+            raise ShoalError(f"--param expects NAME=SPEC (log(A, B), float(A, B), int(A, B) or [choices]), got {item!r}")
+        params[name.strip()] = spec
+    sets = parse_set(list(args.set))
+    if args.env_kwargs:
+        sets["env_kwargs"] = parse_set(list(args.env_kwargs), "--env-kwargs")
+    _check_flags(("--trials", args.trials, "at least 1"), ("--evaluations", args.evaluations, "at least 1"),
+                 ("--startup-trials", args.startup_trials, "at least 0"))
+    study = tune(args.algo, args.env, trials=args.trials, params=params or None, total_steps=args.total_steps,
+                 evaluations=args.evaluations, sets=sets, config_file=args.config, study_dir=args.study_dir,
+                 seed=args.seed, startup_trials=args.startup_trials, prune=args.prune, timeout_s=args.timeout_s,
+                 console=console)
+    if study.best_value is None:
+        return 1
+    console.print(f"train with them: shoal train {args.algo} --env {args.env} --config {study.study_dir / 'best.yaml'}",
+                  markup=False, highlight=False)
+    return 0
+
+
 COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_serve_policy, "eval": cmd_eval,
-            "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs, "check-env": cmd_check_env}
+            "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs, "check-env": cmd_check_env,
+            "tune": cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:

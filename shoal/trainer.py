@@ -144,9 +144,10 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     """Train until ``total_steps``, ``stop_return`` or ``stop_time_s``; returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
-    progress.csv, when it has one: see ``log_interval``); returning False ends the run there, as
-    a stable-baselines3 callback's ``False`` does (the final evaluation, checkpoint and plot as
-    at any stop; the summary's ``stopped_by_callback`` says so)."""
+    progress.csv, when it has one: see ``log_interval``, and its evaluation, when it has one:
+    ``metrics`` then hold ``eval/return_mean`` and the rest of it); returning False ends the run
+    there, as a stable-baselines3 callback's ``False`` does (the final evaluation, checkpoint and
+    plot as at any stop; the summary's ``stopped_by_callback`` says so)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
@@ -200,18 +201,19 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     log(metrics)
                 else:
                     unlogged = metrics
-                if callback is not None:
-                    halted = callback(algo, metrics) is False
                 if not advised and (advice := _cpu_wait_advice(metrics, c.torch_threads)):
                     bar.console.print(advice, soft_wrap=True, highlight=False, markup=False)
                     advised = True
-                if every(c.eval_interval, algo.env_steps) > last_eval:
+                evaluated = every(c.eval_interval, algo.env_steps) > last_eval
+                if evaluated:
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()
                     solved = reached(evaluation)
                 if every(c.checkpoint_interval, algo.env_steps) > last_ckpt:
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
+                if callback is not None:
+                    halted = callback(algo, {**metrics, **evaluation} if evaluated else metrics) is False
                 ret = metrics.get("episode/return_mean")
                 bar.update(task, completed=min(algo.env_steps, c.total_steps),
                            ret="-" if ret is None else format_returns(ret)[0],

@@ -1,0 +1,330 @@
+"""Hyperparameter search with Optuna: rl-baselines3-zoo's ``--optimize``, RLlib users' Tune.
+
+Each trial is a whole run (``shoal.train``) in a run directory of its own under the study's;
+its settings are the algorithm's defaults, the preset for the env, ``--config`` and ``--set``,
+then the values the sampler (TPE) draws for the searched settings. Every evaluation reports the
+mean return to Optuna, whose median pruner ends a trial that falls below the median of the
+earlier trials at the same step; the final evaluation's mean return is the trial's value. The
+study lives in ``study.db`` (SQLite, Optuna's storage: ``optuna-dashboard`` reads it): the same
+command with the same ``--study-dir`` runs more trials of it.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from shoal.errors import ConfigError, ShoalError
+from shoal.evaluator import format_returns
+
+GAMMAS = [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
+ON_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "gae_lambda": [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0],
+             "ent_coef": "log(1e-8, 0.1)", "vf_coef": "float(0.2, 1.0)", "max_grad_norm": [0.3, 0.5, 1.0, 2.0, 5.0],
+             "hidden_sizes": [[64, 64], [256, 256]], "activation": ["tanh", "relu"]}
+OFF_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "batch_size": [32, 64, 128, 256, 512],
+              "hidden_sizes": [[64, 64], [256, 256], [400, 300]]}
+SMOOTHING = {"tau": [0.001, 0.005, 0.01, 0.02, 0.05]}
+SPACES: dict[str, dict[str, Any]] = {
+    "ppo": {**ON_POLICY, "clip": [0.1, 0.2, 0.3, 0.4], "num_epochs": [1, 5, 10, 20]},
+    "a2c": ON_POLICY,
+    "impala": ON_POLICY,
+    "appo": {**ON_POLICY, "clip": [0.1, 0.2, 0.3, 0.4]},
+    "trpo": {**{k: ON_POLICY[k] for k in ("lr", "gamma", "gae_lambda", "hidden_sizes", "activation")},
+             "max_kl": "log(1e-3, 5e-2)"},
+    "dqn": {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
+            "target_update_interval": [1, 250, 1000, 5000, 10000]},
+    "sac": {**OFF_POLICY, **SMOOTHING},
+    "td3": {**OFF_POLICY, **SMOOTHING, "action_noise": "float(0.0, 0.5)"},
+    "ddpg": {**OFF_POLICY, **SMOOTHING, "action_noise": "float(0.0, 0.5)"},
+}
+"""The settings each algorithm's search draws when no ``--param`` is given (a range as text, a list
+of choices), kept to those valid in any combination."""
+
+_RANGE = re.compile(r"^\s*(log|float|int)\s*\((.*)\)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One searched setting: a range (``log``: log-uniform floats, ``float``, ``int``) from
+    ``low`` to ``high``, or ``choices``."""
+
+    name: str
+    kind: str
+    low: float = 0.0
+    high: float = 0.0
+    choices: tuple[Any, ...] = ()
+
+    @classmethod
+    def parse(cls, name: str, spec: Any) -> Param:
+        """``log(A, B)``, ``float(A, B)``, ``int(A, B)`` or a list of choices (YAML: ``[64, 128]``,
+        ``[[64, 64], [256, 256]]``, ``[tanh, relu]``)."""
+        from shoal.config import _number
+
+        if isinstance(spec, str) and (m := _RANGE.match(spec)):
+            kind, inner = m[1], [part.strip() for part in m[2].split(",")]
+            try:
+                low, high = (_number(int if kind == "int" else float, part) for part in inner)
+            except (ValueError, TypeError):
+                low = high = None
+            if len(inner) != 2 or not all(isinstance(v, (int, float)) for v in (low, high)) or not low < high:
+                raise ConfigError(f"--param {name}={spec}: a range takes two numbers, the lower first: {kind}(A, B)")
+            if kind == "log" and low <= 0:
+                raise ConfigError(f"--param {name}={spec}: log(A, B) needs A > 0")
+            return cls(name, kind, low, high)
+        if isinstance(spec, str):
+            spec = _yaml(spec, name)
+        if not isinstance(spec, list) or not spec:
+            raise ConfigError(f"--param {name}={spec!r}: give a range, log(A, B), float(A, B) or int(A, B), or a list "
+                              "of choices, [A, B, ...]")
+        return cls(name, "choice", choices=tuple(spec))
+
+    def suggest(self, trial: Any) -> Any:
+        """The value ``trial`` draws. Choices are drawn by their YAML text (Optuna's categorical
+        values are scalars; a choice may be a list, hidden_sizes')."""
+        if self.kind == "choice":
+            texts = [_text(c) for c in self.choices]
+            return self.choices[texts.index(trial.suggest_categorical(self.name, texts))]
+        if self.kind == "int":
+            return trial.suggest_int(self.name, int(self.low), int(self.high))
+        return trial.suggest_float(self.name, self.low, self.high, log=self.kind == "log")
+
+    def values(self) -> list[Any]:
+        """Values at the ends of the range (or every choice): each must make a valid config."""
+        return list(self.choices) if self.kind == "choice" else [
+            int(v) if self.kind == "int" else v for v in (self.low, self.high)]
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return f"{self.name} in {', '.join(_text(c) for c in self.choices)}"
+        return f"{self.name} {self.kind}({self.low:g}, {self.high:g})"
+
+
+def _yaml(text: str, name: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"--param {name}={text}: not a range or a YAML list of choices") from None
+
+
+def _text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def search_space(algo: str, params: dict[str, Any] | None, config_cls: type) -> list[Param]:
+    """The searched settings: ``params`` (name: spec, see :meth:`Param.parse`) if given, else the
+    algorithm's :data:`SPACES`; each a setting of ``config_cls``."""
+    from shoal.config import field_names, peer_hint
+
+    space = params if params else SPACES.get(algo, {})
+    if not space:
+        raise ConfigError(f"no default search space for {algo}: give the settings to search, "
+                          "--param lr='log(1e-5, 1e-2)' ...")
+    fields = field_names(config_cls)
+    out = []
+    for name, spec in space.items():
+        if name not in fields:
+            hint = peer_hint(config_cls, name)
+            raise ConfigError(f"--param {name}: {algo} has no setting {name!r}" + (f" ({hint})" if hint else ""))
+        out.append(Param.parse(name, spec))
+    return out
+
+
+@dataclasses.dataclass
+class Study:
+    """What ``shoal tune`` found: the best trial's value and settings, where they are written."""
+
+    study_dir: Path
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_trial_dir: Path | None
+    trials: list[dict[str, Any]]
+
+
+def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, Any] | None = None,
+         total_steps: int | None = None, evaluations: int = 5, sets: dict[str, Any] | None = None,
+         config_file: str | None = None, study_dir: str | Path | None = None, seed: int = 0,
+         startup_trials: int = 5, prune: bool = True, timeout_s: float | None = None,
+         console: Console | None = None) -> Study:
+    """Search ``algo``'s settings on ``env`` over ``trials`` runs (more of the study in
+    ``study_dir`` if it holds one). ``total_steps`` per trial (default: the preset's), each run
+    evaluated ``evaluations`` times; ``sets`` and ``config_file`` fix other settings as
+    ``shoal train``'s ``--set`` and ``--config`` do. ``timeout_s`` stops starting trials after that
+    many seconds. Writes ``study.db``, ``trials.csv`` and ``best.yaml`` (the fixed and the best
+    searched settings: ``shoal train ALGO --env ENV --config best.yaml``) in ``study_dir``."""
+    try:
+        import optuna
+    except ImportError:
+        raise ShoalError("shoal tune needs Optuna: pip install 'shoal[tune]'") from None
+    from shoal import algos, config as cfg
+
+    console = console or Console(stderr=True)
+    spec = algos.get(algo)
+    sets = dict(sets or {})
+    base = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets=sets)
+    space = search_space(spec.name, params, spec.config_cls)
+    steps = int(total_steps or base.total_steps)
+    _check(trials >= 1, "--trials must be at least 1")
+    _check(steps >= 1, "--total-steps must be at least 1")
+    _check(evaluations >= 1, "--evaluations must be at least 1")
+    _check(startup_trials >= 0, "--startup-trials must be 0 or more")
+    budget = {"total_steps": steps, "eval_interval": max(1, steps // evaluations), "progress": False,
+              "tensorboard": False, "seed": seed}
+    for p in space:  # each value a trial can draw makes a valid config, checked before any trial runs
+        for value in p.values():
+            cfg.build(spec.config_cls, spec.name, env=env, file=config_file,
+                      sets={**sets, **budget, p.name: value})
+    where = Path(study_dir) if study_dir else Path("runs") / (
+        f"tune-{spec.name}-{cfg.preset_env(base.env).replace('/', '_').replace(':', '_')}-"
+        f"{datetime.now():%Y%m%d-%H%M%S}")
+    record = {"algo": spec.name, "env": base.env, "space": {p.name: _spec_text(p) for p in space}, "sets": sets,
+              "config": config_file, "total_steps": steps, "evaluations": evaluations, "seed": seed}
+    _open_study_dir(where, record)
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line below, not a traceback
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=steps // 3) if prune else (
+        optuna.pruners.NopPruner())
+    study = optuna.create_study(study_name="shoal", storage=f"sqlite:///{where / 'study.db'}", direction="maximize",
+                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials),
+                                pruner=pruner, load_if_exists=True)
+    width = len(str(len(study.trials) + trials))
+
+    def objective(trial: Any) -> float:
+        from shoal import trainer
+
+        drawn = {p.name: p.suggest(trial) for p in space}
+        config = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets={**sets, **budget, **drawn})
+        run_dir = where / f"trial_{trial.number:04d}"
+        reported: list[float] = []
+
+        def report(algo_: Any, metrics: dict[str, Any]) -> bool:
+            if "eval/return_mean" not in metrics:
+                return True
+            reported.append(metrics["eval/return_mean"])
+            trial.report(metrics["eval/return_mean"], metrics["env_steps"])
+            return not trial.should_prune()
+
+        start = time.perf_counter()
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in drawn.items())
+        try:
+            summary = trainer.train(config, run_dir=run_dir, console=Console(file=io.StringIO()), callback=report)
+        except trainer.Interrupted:
+            raise
+        except ShoalError as e:  # this trial's settings (a run that failed): the study goes on
+            console.print(f"trial {trial.number:>{width}}: failed: {e} ({shown})", markup=False, highlight=False)
+            raise TrialFailed(str(e)) from None
+        took = time.perf_counter() - start
+        value = summary["eval_return_mean"]
+        trial.set_user_attr("run_dir", str(run_dir))
+        trial.set_user_attr("env_steps", summary["env_steps"])
+        trial.set_user_attr("seconds", round(took, 1))
+        if summary["stopped_by_callback"]:
+            console.print(f"trial {trial.number:>{width}}: pruned at {summary['env_steps']:,} steps, eval return "
+                          f"{format_returns(reported[-1])[0]} ({shown}) {took:.1f} s", markup=False, highlight=False,
+                          soft_wrap=True)
+            raise optuna.TrialPruned()
+        console.print(f"trial {trial.number:>{width}}: eval return {format_returns(value)[0]} ({shown}) {took:.1f} s",
+                      markup=False, highlight=False, soft_wrap=True)
+        return value
+
+    console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps, searching "
+                  f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
+                  soft_wrap=True)
+    from shoal.trainer import Interrupted
+
+    try:
+        study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
+    except Interrupted:
+        _write_results(study, where, sets, space, console)
+        raise Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
+                          f"{where} runs more of them") from None
+    return _write_results(study, where, sets, space, console)
+
+
+class TrialFailed(Exception):
+    """A trial's run failed (its settings, say): Optuna records it as failed and goes on."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _spec_text(p: Param) -> Any:
+    return list(p.choices) if p.kind == "choice" else f"{p.kind}({p.low:g}, {p.high:g})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g}"
+    return _text(value)
+
+
+def _open_study_dir(where: Path, record: dict[str, Any]) -> None:
+    """Make the study directory, or check that the one given holds a study of the same search:
+    another algorithm, env, space or trial budget would mix trials that cannot be compared."""
+    tune_yaml = where / "tune.yaml"
+    if tune_yaml.is_file():
+        saved = yaml.safe_load(tune_yaml.read_text()) or {}
+        differs = [k for k in ("algo", "env", "space", "sets", "config", "total_steps", "evaluations")
+                   if saved.get(k) != record[k]]
+        if differs:
+            raise ConfigError(f"{where} holds a study with other {', '.join(differs)} ({tune_yaml}): run this "
+                              "search with another --study-dir, or the study's own settings to add trials to it")
+        return
+    if where.exists() and any(where.iterdir()):
+        raise ConfigError(f"{where} is not empty and holds no study (no tune.yaml): give a new --study-dir")
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        tune_yaml.write_text(yaml.safe_dump(record, sort_keys=False))
+    except OSError as e:
+        raise ConfigError(f"cannot write the study directory {where}: {e.strerror or e}") from None
+
+
+def _write_results(study: Any, where: Path, sets: dict[str, Any], space: list[Param], console: Console) -> Study:
+    """trials.csv (every trial), best.yaml (the fixed settings and the best trial's), and a summary."""
+    import optuna
+
+    names = [p.name for p in space]
+    rows = []
+    for t in study.trials:
+        params = {p.name: _drawn(p, t.params[p.name]) for p in space if p.name in t.params}
+        rows.append({"trial": t.number, "state": t.state.name.lower(), "value": t.value,
+                     "env_steps": t.user_attrs.get("env_steps"), "seconds": t.user_attrs.get("seconds"),
+                     **{n: _text(params[n]) if n in params else "" for n in names}})
+    with open(where / "trials.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, ["trial", "state", "value", "env_steps", "seconds", *names])
+        writer.writeheader()
+        writer.writerows(rows)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+            and math.isfinite(t.value)]
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("complete", "pruned", "fail")}
+    console.print(f"{len(rows)} trials in the study: {counts['complete']} complete, {counts['pruned']} pruned, "
+                  f"{counts['fail']} failed; {where / 'trials.csv'}", markup=False, highlight=False, soft_wrap=True)
+    if not done:
+        return Study(where, None, {}, None, rows)
+    best = max(done, key=lambda t: t.value)
+    params = {p.name: _drawn(p, best.params[p.name]) for p in space}
+    (where / "best.yaml").write_text(
+        f"# shoal tune: trial {best.number}, eval return {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
+        + yaml.safe_dump({**sets, **params}, sort_keys=False, default_flow_style=None))
+    console.print(f"best: trial {best.number}, eval return {format_returns(float(best.value))[0]} "
+                  f"({', '.join(f'{k}={_short(v)}' for k, v in params.items())}); {where / 'best.yaml'}",
+                  markup=False, highlight=False, soft_wrap=True)
+    return Study(where, float(best.value), params, Path(best.user_attrs["run_dir"]), rows)
+
+
+def _drawn(p: Param, stored: Any) -> Any:
+    """A trial's value as the config takes it (a choice is stored as its YAML text)."""
+    if p.kind != "choice":
+        return stored
+    return p.choices[[_text(c) for c in p.choices].index(stored)]

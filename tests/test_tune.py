@@ -1,0 +1,127 @@
+"""`shoal tune`: Optuna searches an algorithm's settings, each trial a whole run; evaluations are
+reported to its pruner; the study is kept in its directory and grows with the same command; its
+best settings train with `shoal train --config best.yaml`; mistakes end in one line before any
+trial runs."""
+
+from __future__ import annotations
+
+import csv
+
+import optuna
+import pytest
+import yaml
+
+import shoal
+from shoal.cli import main
+from shoal.tuning import SPACES, Param
+
+TRIAL = ["--total-steps", "2048", "--evaluations", "2"]
+
+
+def rows(study_dir):
+    with open(study_dir / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_each_trial_runs_its_drawn_settings_and_best_yaml_holds_the_best(tmp_path, capsys):
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "3", *TRIAL, "--no-prune", "--param",
+                 "lr=log(1e-4, 1e-2)", "hidden_sizes=[[64, 64], [16]]", "--set", "gamma=0.98",
+                 "--study-dir", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "trial 2: eval return" in out and f"--config {study / 'best.yaml'}" in out
+    trials = rows(study)
+    assert [t["trial"] for t in trials] == ["0", "1", "2"] and {t["state"] for t in trials} == {"complete"}
+    for t in trials:  # the run of each trial has the settings drawn for it, and the fixed ones
+        ran = yaml.safe_load((study / f"trial_{int(t['trial']):04d}" / "config.yaml").read_text())
+        assert ran["lr"] == pytest.approx(float(t["lr"])) and ran["hidden_sizes"] == yaml.safe_load(t["hidden_sizes"])
+        assert ran["gamma"] == 0.98 and ran["total_steps"] == 2048 and ran["eval_interval"] == 1024
+        with open(study / f"trial_{int(t['trial']):04d}" / "eval.csv") as f:
+            evaluations = list(csv.DictReader(f))  # the trial's value: its final evaluation's mean return
+        assert float(t["value"]) == pytest.approx(float(evaluations[-1]["eval/return_mean"]))
+    best = max(trials, key=lambda t: float(t["value"]))
+    settings = yaml.safe_load((study / "best.yaml").read_text())
+    assert settings["gamma"] == 0.98 and settings["lr"] == pytest.approx(float(best["lr"]))
+    config = shoal.make_config("ppo", "CartPole-v1", **settings)  # as `shoal train --config best.yaml` layers it
+    assert config.hidden_sizes == tuple(yaml.safe_load(best["hidden_sizes"]))
+
+
+def test_a_pruned_trial_stops_at_the_evaluation_the_pruner_rejects(tmp_path, monkeypatch, capsys):
+    """The pruner sees every evaluation as it comes (the run's callback gets its metrics): one
+    that rejects any value stops each trial at its first evaluation, with no trial complete."""
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **_: optuna.pruners.ThresholdPruner(lower=1e9))
+    study = tmp_path / "study"
+    assert main(["tune", "a2c", "--env", "CartPole-v1", "--trials", "2", "--total-steps", "2000", "--evaluations",
+                 "4", "--param", "lr=[0.001, 0.0007]", "--study-dir", str(study)]) == 1
+    trials = rows(study)
+    assert [t["state"] for t in trials] == ["pruned", "pruned"]
+    assert all(500 <= int(t["env_steps"]) < 1000 for t in trials), trials  # the first of 4 evaluations, 500 apart
+    assert "pruned at " in capsys.readouterr().out and not (study / "best.yaml").exists()
+
+
+def test_the_same_command_adds_trials_to_the_study_and_another_search_is_refused_there(tmp_path, capsys):
+    study = tmp_path / "study"
+    command = ["tune", "dqn", "--env", "CartPole-v1", "--trials", "1", *TRIAL, "--param", "gamma=[0.9, 0.99]",
+               "--set", "learning_starts=500", "--study-dir", str(study)]
+    assert main(command) == 0 and main(command) == 0
+    assert [t["trial"] for t in rows(study)] == ["0", "1"]
+    capsys.readouterr()
+    assert main([*command[:-4], "--param", "lr=[0.001]", "--study-dir", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert "holds a study with other space" in err and len(err.strip().splitlines()) == 1
+    assert [t["trial"] for t in rows(study)] == ["0", "1"]
+
+
+def test_a_trial_whose_run_fails_is_recorded_and_the_study_goes_on(tmp_path, capsys):
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", "--env", "FrozenLake-v1", "--trials", "2", *TRIAL, "--param", "gamma=[0.9, 0.99]",
+                 "--set", "env_kwargs={map_name: 9x9}", "--study-dir", str(study)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("failed: environment 'FrozenLake-v1' could not be made") == 2, out
+    assert [t["state"] for t in rows(study)] == ["fail", "fail"]
+
+
+MISTAKES = [
+    (["--param", "learning_rate=log(1e-5, 1e-2)"], "SB3's learning_rate: shoal calls it lr"),
+    (["--param", "lr=log(1e-5)"], "a range takes two numbers, the lower first"),
+    (["--param", "lr=float(0.1, 0.01)"], "a range takes two numbers, the lower first"),
+    (["--param", "lr=log(0, 1)"], "log(A, B) needs A > 0"),
+    (["--param", "lr=3"], "give a range"),
+    (["--param", "minibatch_size=[64, 100000]"], "minibatch_size 100000 is larger than a batch"),
+    (["--param", "lr"], "--param expects NAME=SPEC"),
+    (["--trials", "0"], "--trials must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("flags, message", MISTAKES)
+def test_a_mistaken_search_ends_in_one_line_before_any_trial(tmp_path, capsys, flags, message):
+    code = main(["tune", "ppo", "--env", "CartPole-v1", *flags, "--study-dir", str(tmp_path / "study")])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "study").exists()
+
+
+def test_every_algorithm_has_a_default_space_whose_values_make_valid_settings():
+    from shoal import algos
+
+    assert set(SPACES) == set(algos.ALGOS)
+    for name, space in SPACES.items():
+        spec = algos.get(name)
+        for setting, text in space.items():
+            for value in Param.parse(setting, text).values():
+                spec.config_cls(**{setting: value})
+
+
+def test_a_choice_of_lists_is_drawn_and_stored_by_its_text():
+    p = Param.parse("hidden_sizes", "[[64, 64], [256, 256]]")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = {tuple(p.suggest(study.ask())) for _ in range(12)}
+    assert drawn == {(64, 64), (256, 256)}
+    assert set(study.trials[0].params.values()) <= {"[64, 64]", "[256, 256]"}
+
+
+def test_the_python_api_returns_the_study(tmp_path):
+    study = shoal.tune("sac", "Pendulum-v1", trials=1, total_steps=600, evaluations=1,
+                       params={"tau": [0.005, 0.02]}, sets={"learning_starts": 100}, study_dir=tmp_path / "s")
+    assert study.best_params["tau"] in (0.005, 0.02) and study.best_trial_dir == tmp_path / "s" / "trial_0000"
+    assert study.best_value == pytest.approx(float(rows(tmp_path / "s")[0]["value"]))
