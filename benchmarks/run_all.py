@@ -14,7 +14,7 @@ SCRIPTS = ["bench_sampling.py", "bench_startup.py", "bench_cartpole_vs_sb3.py", 
            "bench_ou_noise.py", "bench_gsde.py", "bench_gsde.py --algo ppo",
            "bench_replay_memory.py", "bench_pixels_sac.py", "bench_mujoco.py", "bench_mujoco.py --algo ppo",
            "bench_mujoco.py --algo trpo",
-           "bench_device.py",
+           "bench_device.py", "bench_tune.py",
            "bench_lunar_sac.py"]  # the last takes longest: 15-30 minutes for its one seed
 
 if __name__ == "__main__":
