@@ -10,7 +10,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
@@ -203,20 +203,24 @@ def _wrapper_path(item: Any) -> str:
     return f"{module}:{name}"
 
 
-def wrapper_callable(path: str) -> Any:
-    """The class or function an env wrapper's 'module:Name' names, its module imported (from the
-    working directory too, as a ``module:EnvId`` env's)."""
+def import_named(path: str, flag: str, fits: Callable[[Any], bool], wanted: str) -> Any:
+    """What a 'module:Name' given with ``flag`` names, its module imported (from the working
+    directory too, as a ``module:EnvId`` env's); ConfigError unless ``fits(it)`` (it is ``wanted``)."""
     module, _, name = path.partition(":")
     try:
         import_user_module(module)
     except ImportError as e:
-        raise ConfigError(f"--env-wrapper {path}: cannot import {module!r}: {e}") from None
+        raise ConfigError(f"{flag} {path}: cannot import {module!r}: {e}") from None
     found = getattr(sys.modules[module], name, None)
-    if not callable(found):
+    if not fits(found):
         what = "nothing" if found is None else f"a {type(found).__name__}"
-        raise ConfigError(f"--env-wrapper {path}: {module} holds {what} by the name {name!r}, not a wrapper class "
-                          "or function")
+        raise ConfigError(f"{flag} {path}: {module} holds {what} by the name {name!r}, not {wanted}")
     return found
+
+
+def wrapper_callable(path: str) -> Any:
+    """The class or function an env wrapper's 'module:Name' names."""
+    return import_named(path, "--env-wrapper", callable, "a wrapper class or function")
 
 
 def wrap(env: gym.Env, wrappers: tuple[tuple[str, dict[str, Any]], ...]) -> gym.Env:

@@ -7,7 +7,6 @@ rule travel together as one state dict. The learner (which owns optimisers) is s
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +17,7 @@ from torch import Tensor, nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from shoal import devices
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ShoalError
 
 Weights = dict[str, np.ndarray]
 
@@ -199,19 +198,10 @@ class EncoderSpec(NamedTuple):
 def encoder_class(path: str) -> type[nn.Module]:
     """The class an ``--encoder`` 'module:ClassName' names, its module imported (from the working
     directory too, as a ``module:EnvId`` env's)."""
-    from shoal.envs import import_user_module
+    from shoal.envs import import_named
 
-    module, _, name = path.partition(":")
-    try:
-        import_user_module(module)
-    except ImportError as e:
-        raise ConfigError(f"--encoder {path}: cannot import {module!r}: {e}") from None
-    found = getattr(sys.modules[module], name, None)
-    if not (isinstance(found, type) and issubclass(found, nn.Module)):
-        what = "nothing" if found is None else f"a {type(found).__name__}"
-        raise ConfigError(f"--encoder {path}: {module} holds {what} by the name {name!r}, not a torch.nn.Module "
-                          "subclass")
-    return found
+    return import_named(path, "--encoder", lambda found: isinstance(found, type) and issubclass(found, nn.Module),
+                        "a torch.nn.Module subclass")
 
 
 class UserEncoder(nn.Module):
