@@ -86,12 +86,26 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
                            _read(run / "eval.csv", x, "eval/return_mean")))
     if not any(train[0] or evals[0] for *_, train, evals in curves):
         raise ShoalError("nothing to plot yet: the runs have no episodes logged")
+    import matplotlib
+
     fig, axes = steps_and_time_axes("episode return")
+    runs = len(run_dirs)
+    many = runs > MANY_RUNS  # a study's trials, say: a colour of its own and one legend entry per run
+    colors = matplotlib.colormaps["tab20" if runs <= 20 else "turbo"].resampled(max(runs, 2)) if many else None
     for i, panel, run, (tx, ty), (ex, ey) in curves:
-        ax, color = axes[panel], f"C{i % 10}"
+        ax, color = axes[panel], colors(i) if many else f"C{i % 10}"
         if tx:
-            ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=f"{run.name} (train, last 100 episodes)")
+            label = None if many and ex else run.name if many else f"{run.name} (train, last 100 episodes)"
+            ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=label)
         if ex:
-            ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=f"{run.name} (eval)")
-    axes[0].legend(fontsize=7, loc="best")
+            ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=run.name if many else f"{run.name} (eval)")
+    if many:  # beside the panels, in columns of up to 25: faint lines are training, dotted ones evaluations
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=(runs + 24) // 25,
+                       title="eval (faint: train)", title_fontsize=7)
+    else:
+        axes[0].legend(fontsize=7, loc="best")
     return save_figure(fig, out)
+
+
+MANY_RUNS = 4
+"""More runs than this in one plot get one legend entry each, beside the panels."""

@@ -267,6 +267,30 @@ def test_plot_of_a_directory_of_runs_overlays_each_run_in_it(capsys, tmp_path):
     assert code == 2 and "notes has no progress.csv" in err, err
 
 
+def test_a_plot_of_many_runs_gives_each_a_colour_and_one_legend_entry_beside_the_panels(tmp_path, monkeypatch):
+    """A study's 20 trials, say: with the two-entries-a-run legend of a few runs, it covered the curves."""
+    import matplotlib.pyplot as plt
+
+    from shoal import plot
+
+    runs = []
+    for i in range(6):
+        run = tmp_path / f"trial_{i}"
+        run.mkdir()
+        (run / "progress.csv").write_text("env_steps,time/wall_s,episode/return_mean\n100,1,10\n200,2,20\n")
+        (run / "eval.csv").write_text(f"env_steps,time/wall_s,eval/return_mean\n200,2,{i}\n")
+        runs.append(run)
+    drawn = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: (drawn.append(fig), plt.close(fig), out)[-1])
+    plot.plot_runs(runs, tmp_path / "all.png")
+    steps, wall = drawn[0].axes
+    assert steps.get_legend() is None and [t.get_text() for t in wall.get_legend().get_texts()] == [
+        f"trial_{i}" for i in range(6)]
+    assert len({tuple(line.get_color()) for line in steps.lines}) == 6  # the train and eval lines of a run share one
+    plot.plot_runs(runs[:2], tmp_path / "two.png")  # a few runs: a train and an eval entry each, inside
+    assert len(drawn[1].axes[0].get_legend().get_texts()) == 4
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
