@@ -241,13 +241,16 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
                   soft_wrap=True)
     from shoal.trainer import Interrupted
 
+    # best.yaml stands alone: the config file's settings (not where its run was written), the --set ones
+    fixed = {k: v for k, v in (cfg.read_yaml(config_file) if config_file else {}).items() if k not in ("algo", "run_dir")}
+    fixed.update(sets)
     try:
         study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
     except Interrupted:
-        _write_results(study, where, sets, space, console)
+        _write_results(study, where, fixed, space, console)
         raise Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
                           f"{where} runs more of them") from None
-    return _write_results(study, where, sets, space, console)
+    return _write_results(study, where, fixed, space, console)
 
 
 class TrialFailed(Exception):
@@ -290,8 +293,8 @@ def _open_study_dir(where: Path, record: dict[str, Any]) -> None:
         raise ConfigError(f"cannot write the study directory {where}: {e.strerror or e}") from None
 
 
-def _write_results(study: Any, where: Path, sets: dict[str, Any], space: list[Param], console: Console) -> Study:
-    """trials.csv (every trial), best.yaml (the fixed settings and the best trial's), and a summary."""
+def _write_results(study: Any, where: Path, fixed: dict[str, Any], space: list[Param], console: Console) -> Study:
+    """trials.csv (every trial), best.yaml (the ``fixed`` settings and the best trial's), and a summary."""
     import optuna
 
     names = [p.name for p in space]
@@ -316,7 +319,7 @@ def _write_results(study: Any, where: Path, sets: dict[str, Any], space: list[Pa
     params = {p.name: _drawn(p, best.params[p.name]) for p in space}
     (where / "best.yaml").write_text(
         f"# shoal tune: trial {best.number}, eval return {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
-        + yaml.safe_dump({**sets, **params}, sort_keys=False, default_flow_style=None))
+        + yaml.safe_dump({**fixed, **params}, sort_keys=False, default_flow_style=None))
     console.print(f"best: trial {best.number}, eval return {format_returns(float(best.value))[0]} "
                   f"({', '.join(f'{k}={_short(v)}' for k, v in params.items())}); {where / 'best.yaml'}",
                   markup=False, highlight=False, soft_wrap=True)

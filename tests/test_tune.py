@@ -25,9 +25,11 @@ def rows(study_dir):
 
 def test_each_trial_runs_its_drawn_settings_and_best_yaml_holds_the_best(tmp_path, capsys):
     study = tmp_path / "study"
+    fixed = tmp_path / "fixed.yaml"  # a run's config.yaml, say: where it ran is not a setting to tune with
+    fixed.write_text(f"algo: ppo\nent_coef: 0.01\nrun_dir: {tmp_path / 'elsewhere'}\n")
     assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "3", *TRIAL, "--no-prune", "--param",
-                 "lr=log(1e-4, 1e-2)", "hidden_sizes=[[64, 64], [16]]", "--set", "gamma=0.98",
-                 "--study-dir", str(study)]) == 0
+                 "lr=log(1e-4, 1e-2)", "hidden_sizes=[[64, 64], [16]]", "--set", "gamma=0.98", "--config",
+                 str(fixed), "--study-dir", str(study)]) == 0
     out = capsys.readouterr().out
     assert "trial 2: eval return" in out and f"--config {study / 'best.yaml'}" in out
     trials = rows(study)
@@ -35,13 +37,15 @@ def test_each_trial_runs_its_drawn_settings_and_best_yaml_holds_the_best(tmp_pat
     for t in trials:  # the run of each trial has the settings drawn for it, and the fixed ones
         ran = yaml.safe_load((study / f"trial_{int(t['trial']):04d}" / "config.yaml").read_text())
         assert ran["lr"] == pytest.approx(float(t["lr"])) and ran["hidden_sizes"] == yaml.safe_load(t["hidden_sizes"])
-        assert ran["gamma"] == 0.98 and ran["total_steps"] == 2048 and ran["eval_interval"] == 1024
+        assert ran["gamma"] == 0.98 and ran["ent_coef"] == 0.01
+        assert ran["total_steps"] == 2048 and ran["eval_interval"] == 1024
         with open(study / f"trial_{int(t['trial']):04d}" / "eval.csv") as f:
             evaluations = list(csv.DictReader(f))  # the trial's value: its final evaluation's mean return
         assert float(t["value"]) == pytest.approx(float(evaluations[-1]["eval/return_mean"]))
     best = max(trials, key=lambda t: float(t["value"]))
     settings = yaml.safe_load((study / "best.yaml").read_text())
-    assert settings["gamma"] == 0.98 and settings["lr"] == pytest.approx(float(best["lr"]))
+    assert settings["gamma"] == 0.98 and settings["ent_coef"] == 0.01 and "run_dir" not in settings
+    assert settings["lr"] == pytest.approx(float(best["lr"])) and not (tmp_path / "elsewhere").exists()
     config = shoal.make_config("ppo", "CartPole-v1", **settings)  # as `shoal train --config best.yaml` layers it
     assert config.hidden_sizes == tuple(yaml.safe_load(best["hidden_sizes"]))
 
