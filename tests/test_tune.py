@@ -48,6 +48,9 @@ def test_each_trial_runs_its_drawn_settings_and_best_yaml_holds_the_best(tmp_pat
     assert settings["lr"] == pytest.approx(float(best["lr"])) and not (tmp_path / "elsewhere").exists()
     config = shoal.make_config("ppo", "CartPole-v1", **settings)  # as `shoal train --config best.yaml` layers it
     assert config.hidden_sizes == tuple(yaml.safe_load(best["hidden_sizes"]))
+    capsys.readouterr()
+    assert main(["eval", str(study)]) == 2  # the study is no run: its best trial is
+    assert f"its best is {study / ('trial_%04d' % int(best['trial']))}" in capsys.readouterr().err
 
 
 def test_a_pruned_trial_stops_at_the_evaluation_the_pruner_rejects(tmp_path, monkeypatch, capsys):
