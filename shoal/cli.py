@@ -431,12 +431,15 @@ class PlotArgs:
     out: str | None = None
     """Output PNG (default: RUN_DIR/curve.png for one run, DIR/curves.png for a directory of runs,
     curves.png for several)."""
+    aggregate: bool = False
+    """Runs of the same settings (other seeds) as one curve: the mean of their evaluations with a
+    band of one standard deviation, each group labelled by the settings that differ."""
 
 
 def cmd_plot(argv: list[str], console: Console) -> int:
     from pathlib import Path
 
-    from shoal.plot import plot_runs
+    from shoal.plot import plot_aggregate, plot_runs
 
     args = _parse(PlotArgs, argv, "shoal plot")
     if not args.runs:
@@ -454,7 +457,7 @@ def cmd_plot(argv: list[str], console: Console) -> int:
         out = str(Path(args.runs[0]) / ("curve.png" if runs == [Path(args.runs[0])] else "curves.png"))
     else:
         out = "curves.png"
-    console.print(f"wrote {plot_runs(runs, out)}")
+    console.print(f"wrote {(plot_aggregate if args.aggregate else plot_runs)(runs, out)}")
     return 0
 
 

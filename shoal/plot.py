@@ -109,3 +109,68 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
 
 MANY_RUNS = 4
 """More runs than this in one plot get one legend entry each, beside the panels."""
+
+NOT_SETTINGS = ("seed", "run_dir", "progress", "tensorboard", "log_interval")
+"""Config keys that do not make runs differ as an experiment: runs that differ in these alone are
+the same settings (another seed of them)."""
+
+
+def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:
+    """Runs grouped by their settings (config.yaml but for :data:`NOT_SETTINGS`), each group drawn
+    as the mean of its runs' evaluation returns with a band of one standard deviation, against env
+    steps and against wall time. Each run's curve is read at every evaluation point of the group
+    (linearly between its own, its last value held after it ended: a run stopped by
+    ``stop_return`` keeps the return it stopped at). A group is labelled by the settings that
+    differ between groups."""
+    import matplotlib
+    import numpy as np
+    import yaml
+
+    from shoal.config import read_yaml
+
+    groups: dict[str, list[tuple[Path, dict]]] = {}
+    for run in map(Path, run_dirs):
+        if not (run / "config.yaml").is_file():
+            raise ShoalError(f"{run} has no config.yaml: is it a shoal run directory?")
+        config = read_yaml(run / "config.yaml")
+        key = yaml.safe_dump({k: v for k, v in config.items() if k not in NOT_SETTINGS}, sort_keys=True)
+        groups.setdefault(key, []).append((run, config))
+    settings = [members[0][1] for members in groups.values()]
+    differ = [k for k in settings[0] if k not in NOT_SETTINGS and len({yaml.safe_dump(c.get(k)) for c in settings}) > 1]
+    curves = []  # (group, label, [(x grid, mean, std) per panel]), all read before a figure exists
+    for g, members in enumerate(groups.values()):
+        panels = []
+        for x in ("env_steps", "time/wall_s"):
+            runs = [_read(run / "eval.csv", x, "eval/return_mean") for run, _ in members]
+            if any(not xs for xs, _ in runs):
+                break
+            grid = np.unique(np.concatenate([xs for xs, _ in runs]))
+            ys = np.array([np.interp(grid, xs, ys) for xs, ys in runs])
+            panels.append((grid, ys.mean(axis=0), ys.std(axis=0)))
+        if len(panels) == 2:
+            curves.append((g, _group_label(members[0][1], differ, len(members)), panels))
+    if not curves:
+        raise ShoalError("nothing to plot yet: every group has a run without evaluations logged")
+    fig, axes = steps_and_time_axes("eval return (mean ± std over runs)")
+    colors = matplotlib.colormaps["tab10" if len(groups) <= 10 else "turbo"].resampled(max(len(groups), 2))
+    for g, label, panels in curves:
+        for ax, (x, mean, std) in zip(axes, panels):
+            ax.plot(x, mean, color=colors(g), lw=1.8, label=label)
+            ax.fill_between(x, mean - std, mean + std, color=colors(g), alpha=0.2, lw=0)
+    axes[0].legend(fontsize=7, loc="best")
+    return save_figure(fig, out)
+
+
+def _group_label(config: dict, differ: list[str], runs: int, most: int = 3) -> str:
+    """The settings ``differ`` of a group's ``config`` (the first ``most``), or its algorithm and env."""
+    shown = ", ".join(f"{k}={_setting(config.get(k))}" for k in differ[:most])
+    shown += f", +{len(differ) - most} more" if len(differ) > most else ""
+    return f"{shown or (config.get('algo', '') + ' ' + str(config['env'])).strip()} ({runs} run{'s' * (runs > 1)})"
+
+
+def _setting(value) -> str:
+    import yaml
+
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()

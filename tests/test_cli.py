@@ -291,6 +291,34 @@ def test_a_plot_of_many_runs_gives_each_a_colour_and_one_legend_entry_beside_the
     assert len(drawn[1].axes[0].get_legend().get_texts()) == 4
 
 
+def test_plot_aggregate_draws_each_settings_mean_over_its_seeds_labelled_by_what_differs(tmp_path, monkeypatch, capsys):
+    import matplotlib.pyplot as plt
+
+    from shoal import plot
+
+    runs = tmp_path / "runs"
+    # (lr, seed): its evaluations (env steps, wall seconds, return); the second lr=0.001 run stopped early
+    evals = {(0.001, 0): [(100, 1, 10), (200, 2, 20)], (0.001, 1): [(100, 1, 30)],
+             (0.003, 0): [(100, 1, 50), (200, 2, 70)], (0.003, 1): [(100, 1, 70), (200, 2, 90)]}
+    for (lr, seed), points in evals.items():
+        run = runs / f"lr{lr}-s{seed}"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(f"algo: ppo\nenv: CartPole-v1\nlr: {lr}\nseed: {seed}\nrun_dir: {run}\n")
+        (run / "progress.csv").write_text("env_steps,time/wall_s,episode/return_mean\n100,1,10\n")
+        (run / "eval.csv").write_text("env_steps,time/wall_s,eval/return_mean\n"
+                                      + "".join(f"{x},{t},{y}\n" for x, t, y in points))
+    drawn = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: (drawn.append(fig), plt.close(fig), out)[-1])
+    assert main(["plot", str(runs), "--aggregate"]) == 0
+    steps = drawn[0].axes[0]
+    assert [t.get_text() for t in steps.get_legend().get_texts()] == ["lr=0.001 (2 runs)", "lr=0.003 (2 runs)"]
+    # the run that stopped holds its last return: (10 + 30) / 2, then (20 + 30) / 2
+    assert [list(line.get_ydata()) for line in steps.lines] == [[20, 25], [60, 80]]
+    (runs / "lr0.001-s1" / "config.yaml").unlink()
+    assert main(["plot", str(runs), "--aggregate"]) == 2
+    assert "lr0.001-s1 has no config.yaml" in capsys.readouterr().err
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
