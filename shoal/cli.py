@@ -214,6 +214,7 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--encoder")  # with --encoder-kwargs, which a config checks against it
     pre.add_argument("--encoder-kwargs", action="append", nargs="+", default=[])
     pre.add_argument("--env-wrapper", "--env-wrappers", dest="env_wrapper", action="append", nargs="+", default=[])
+    pre.add_argument("--seeds", nargs="+")  # one run per seed, in turn
     return pre
 
 
@@ -284,11 +285,66 @@ def cmd_train(argv: list[str], console: Console) -> int:
     cls = type(base)
     config = _parse(cls, rest, f"shoal train {name}", default=base,
                     description=TRAIN_HELP.format(algo=name.upper()))
+    if known.seeds is not None:
+        return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console)
     if known.resume:
         summary = trainer.resume(known.resume, config, console=console)
     else:
         summary = trainer.train(config, console=console)
     _print_summary(summary, console)
+    return 0
+
+
+def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resume: bool, console: Console) -> int:
+    """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed, one after another, in DIR/seed_N
+    (DIR: --run-dir, or runs/ALGO-ENV-TIME-seeds); then the final evaluations over the seeds and a
+    plot of their mean (``shoal plot --aggregate``) in DIR/curves.png."""
+    import dataclasses
+    import statistics
+    import time
+    from pathlib import Path
+
+    from shoal import trainer
+    from shoal.config import SEED_LIMIT
+    from shoal.envs import file_name
+    from shoal.evaluator import format_returns
+    from shoal.plot import plot_aggregate
+
+    if resume:
+        raise ShoalError("--seeds trains new runs: resume each seed's run with shoal train --resume DIR/seed_N")
+    if any(arg == "--seed" or arg.startswith("--seed=") for arg in rest):
+        raise ShoalError("give --seed for one run or --seeds for several, not both")
+    try:
+        seeds = [int(s) for s in given]
+    except ValueError:
+        raise ShoalError(f"--seeds takes whole numbers, got {' '.join(given)}") from None
+    if len(set(seeds)) != len(seeds) or not all(0 <= s < SEED_LIMIT for s in seeds):
+        raise ShoalError(f"--seeds takes different seeds from 0 to {SEED_LIMIT - 1}, got {' '.join(given)}")
+    if config.run_dir:
+        parent = Path(config.run_dir)
+    else:
+        parent = base = Path("runs") / f"{name}-{file_name(config.env)}-{time.strftime('%Y%m%d-%H%M%S')}-seeds"
+        i = 1
+        while parent.exists():
+            parent, i = base.with_name(f"{base.name}-{i}"), i + 1
+    taken = [parent / f"seed_{s}" for s in seeds if (parent / f"seed_{s}" / "config.yaml").exists()]
+    if taken:
+        raise ShoalError(f"{taken[0]} already holds a run: choose another --run-dir for these seeds")
+    summaries = []
+    for seed in seeds:
+        console.print(f"seed {seed} ({len(summaries) + 1} of {len(seeds)}): {parent / f'seed_{seed}'}", highlight=False)
+        run = dataclasses.replace(config, seed=seed, run_dir=None)
+        summaries.append(trainer.train(run, run_dir=parent / f"seed_{seed}", console=console))
+        _print_summary(summaries[-1], console)
+    finals = [s["eval_return_mean"] for s in summaries]
+    mean, std, *each = format_returns(statistics.fmean(finals), statistics.pstdev(finals), *finals)
+    solved = sum(s["solved"] for s in summaries)
+    console.print(f"{len(seeds)} seeds: final eval return {mean} ± {std} over seeds ("
+                  + ", ".join(f"seed {seed}: {r}" for seed, r in zip(seeds, each))
+                  + (f"; {solved} of {len(seeds)} solved" if config.stop_return is not None else "") + ")",
+                  highlight=False)
+    console.print(f"plot of their mean: {plot_aggregate([s['run_dir'] for s in summaries], parent / 'curves.png')}",
+                  highlight=False)
     return 0
 
 

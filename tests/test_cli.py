@@ -1,8 +1,10 @@
 """The shoal command as a user meets it: the happy path, and one clear line for each mistake."""
 
+import csv
 import dataclasses
 import itertools
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -121,7 +123,6 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
     """FrozenLake without slipping (is_slippery=false, as gym.make takes it) is walked in 6 steps;
     on the slippery default the same policy almost never arrives. The run's evaluations, its
     config, a resume and `shoal eval` all make the env the run trained on."""
-    import csv
 
     def evals():
         with open(run / "eval.csv") as f:
@@ -217,8 +218,6 @@ def test_a_learner_whose_threads_wait_for_cpus_advises_one_torch_thread_once(cap
 
 
 def test_stop_time_s_ends_a_run_by_its_wall_time_and_a_resume_needs_more(capsys, tmp_path):
-    import csv
-
     run = tmp_path / "timed"
     code, out, err = run_cli(capsys, "train", "ppo", "--stop-time-s", "2", "--total-steps", "100000000",
                              "--eval-interval", "0", "--run-dir", str(run), *FAST)
@@ -317,6 +316,26 @@ def test_plot_aggregate_draws_each_settings_mean_over_its_seeds_labelled_by_what
     (runs / "lr0.001-s1" / "config.yaml").unlink()
     assert main(["plot", str(runs), "--aggregate"]) == 2
     assert "lr0.001-s1 has no config.yaml" in capsys.readouterr().err
+
+
+def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tmp_path):
+    runs = tmp_path / "seeds"
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "3", "5", "--total-steps", "256", "--run-dir", str(runs),
+                           *FAST)
+    assert code == 0, err
+    for seed in (3, 5):
+        assert yaml.safe_load((runs / f"seed_{seed}" / "config.yaml").read_text())["seed"] == seed
+    finals = [float(list(csv.DictReader(open(runs / f"seed_{seed}" / "eval.csv")))[-1]["eval/return_mean"])
+              for seed in (3, 5)]
+    line = next(line for line in err.splitlines() if line.startswith("2 seeds: final eval return"))
+    assert f"± {statistics.pstdev(finals):.1f}" in line and "seed 3: " in line and "seed 5: " in line, line
+    assert (runs / "curves.png").exists()
+    for argv, message in ((["--seeds", "1", "--seed", "2"], "give --seed for one run or --seeds for several"),
+                          (["--seeds", "1", "x"], "--seeds takes whole numbers"),
+                          (["--seeds", "1", "1"], "--seeds takes different seeds"),
+                          (["--seeds", "3", "--run-dir", str(runs)], f"{runs / 'seed_3'} already holds a run")):
+        code, _, err = run_cli(capsys, "train", "ppo", *argv, "--total-steps", "64", *FAST)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
