@@ -136,7 +136,8 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:
         key = yaml.safe_dump({k: v for k, v in config.items() if k not in NOT_SETTINGS}, sort_keys=True)
         groups.setdefault(key, []).append((run, config))
     settings = [members[0][1] for members in groups.values()]
-    differ = [k for k in settings[0] if k not in NOT_SETTINGS and len({yaml.safe_dump(c.get(k)) for c in settings}) > 1]
+    keys = dict.fromkeys(k for c in settings for k in c if k not in NOT_SETTINGS)  # runs of other algorithms too
+    differ = [k for k in keys if len({yaml.safe_dump(c.get(k)) for c in settings}) > 1]
     curves = []  # (group, label, [(x grid, mean, std) per panel]), all read before a figure exists
     for g, members in enumerate(groups.values()):
         panels = []

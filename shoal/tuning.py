@@ -246,7 +246,7 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     fixed.update(sets)
     try:
         study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
         _write_results(study, where, fixed, space, console)
         raise Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
                           f"{where} runs more of them") from None
