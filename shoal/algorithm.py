@@ -24,7 +24,7 @@ from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
 from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, UnsupportedMasks, set_up_torch, set_weights
-from shoal.runner import EnvRunner
+from shoal.runner import EnvRunner, merge_infos
 
 EVAL_SEED_OFFSET = 1_000_000  # eval episodes use seeds disjoint from the training envs'
 # A runner that fails this many times in a row, each incarnation (new env seeds) before its first
@@ -96,6 +96,7 @@ class Algorithm:
         self.wall_offset_s = 0.0  # wall time of earlier sessions of this run (resume)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.recent_lengths: deque[int] = deque(maxlen=100)
+        self.recent_infos: dict[str, deque[float]] = {key: deque(maxlen=100) for key in config.episode_info}
         self.inflight: dict[int, Any] = {}  # asynchronous loops on Ray: each runner's running sample call
         self.learner_future: Any = None
         self.queue: deque[Any] = deque()  # IMPALA/APPO on Ray: finished rollouts (ObjectRefs) for the learner
@@ -151,6 +152,8 @@ class Algorithm:
         self.num_episodes += len(result.episode_returns)
         self.recent_returns.extend(result.episode_returns)
         self.recent_lengths.extend(result.episode_lengths)
+        for key, values in result.episode_infos.items():
+            self.recent_infos[key].extend(values)
         metrics = {"iteration": self.iteration, "env_steps": self.env_steps,
                    "time/elapsed_s": self.elapsed_s, "time/wall_s": self.wall_s, "time/iteration_s": seconds,
                    "time/env_steps_per_s": result.env_steps / seconds,
@@ -159,6 +162,7 @@ class Algorithm:
         if self.recent_returns:
             metrics["episode/return_mean"] = float(np.mean(self.recent_returns))
             metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
+        metrics.update({f"episode/{key}": float(np.mean(values)) for key, values in self.recent_infos.items() if values})
         metrics.update(result.metrics)
         return metrics
 
@@ -248,7 +252,8 @@ class Algorithm:
         result = get(self.learner.call("train_for", None, self.env_steps + steps))
         return UpdateResult(result.metrics, result.version, steps,
                             [x for s in summaries for x in s.episode_returns],
-                            [x for s in summaries for x in s.episode_lengths])
+                            [x for s in summaries for x in s.episode_lengths],
+                            merge_infos(s.episode_infos for s in summaries))
 
     def _train_async(self) -> UpdateResult:
         """Ape-X: keep every runner sampling into replay; return when the learner's call ends."""
@@ -258,7 +263,7 @@ class Algorithm:
                 self.inflight[i] = runner.call("sample_into_replay", c.steps_per_rollout)
         if self.learner_future is None:
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps)
-        steps, returns, lengths, lags = 0, [], [], []
+        steps, returns, lengths, lags, infos = 0, [], [], [], []
         while True:
             ids = list(self.inflight)
             k = self.backend.wait_any([self.inflight[i] for i in ids] + [self.learner_future])
@@ -275,6 +280,7 @@ class Algorithm:
                 steps += summary.env_steps
                 returns += summary.episode_returns
                 lengths += summary.episode_lengths
+                infos.append(summary.episode_infos)
                 if summary.env_steps:
                     lags.append(self.policy_version - summary.policy_version)
                 self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
@@ -282,7 +288,7 @@ class Algorithm:
             result = get(self.learner_future)
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps)
             metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
-            return UpdateResult(metrics, result.version, steps, returns, lengths)
+            return UpdateResult(metrics, result.version, steps, returns, lengths, merge_infos(infos))
 
     def _train_queued(self) -> UpdateResult:
         """IMPALA/APPO on Ray: runners sample back to back with the weights they hold; each
@@ -340,7 +346,7 @@ class Algorithm:
             metrics = {**result.metrics, **self.fault_metrics(), "learner/queue_depth": depth,
                        "learner/queue_waiting_runners": float(len(self.held))}
             return UpdateResult(metrics, result.version, result.env_steps, result.episode_returns,
-                                result.episode_lengths)
+                                result.episode_lengths, result.episode_infos)
 
     def evaluate(self, episodes: int | None = None, deterministic: bool | None = None) -> dict[str, float]:
         """Evaluate the newest weights on fresh envs (the same seeds every time, for comparability)."""
@@ -388,7 +394,8 @@ class Algorithm:
                              "retired": self.retired, "runner_health": self.runner_health},
                   "iteration": self.iteration, "env_steps": self.env_steps, "num_episodes": self.num_episodes,
                   "elapsed_s": self.elapsed_s, "wall_s": self.wall_s, "recent_returns": list(self.recent_returns),
-                  "recent_lengths": list(self.recent_lengths)}
+                  "recent_lengths": list(self.recent_lengths),
+                  "recent_infos": {key: list(values) for key, values in self.recent_infos.items()}}
         meta = {"algo": self.spec.name, "env": self.config.env, "iteration": self.iteration,
                 "env_steps": self.env_steps, "policy_version": learner_state["version"], "time": time.time()}
         return ckpt.write_checkpoint(Path(path), policy,
@@ -423,6 +430,9 @@ class Algorithm:
         self.wall_offset_s, self.started = d["wall_s"], time.perf_counter()
         self.recent_returns.extend(d["recent_returns"])
         self.recent_lengths.extend(d["recent_lengths"])
+        for key, values in d.get("recent_infos", {}).items():
+            if key in self.recent_infos:
+                self.recent_infos[key].extend(values)
         faults = d.get("faults")
         if faults is not None:
             self.runner_restarts, self.retired = faults["runner_restarts"], faults["retired"]

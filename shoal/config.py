@@ -72,6 +72,10 @@ class Config:
     clip_rewards: bool = False
     """Learn from the sign of each reward (-1, 0 or 1), as DQN's Atari agents did; the returns
     shoal reports stay the env's own."""
+    episode_info: tuple[str, ...] = ()
+    """Keys of the env's info to log at the end of each training episode, as episode/KEY: the
+    mean over the last 100 episodes that gave a number for it (stable-baselines3 Monitor's
+    info_keywords, RLlib's custom metrics). --episode-info is_success score."""
     stop_return: float | None = None
     """Stop early once the mean evaluation return reaches this value."""
     stop_time_s: float | None = None

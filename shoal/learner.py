@@ -17,7 +17,7 @@ import torch
 from shoal import devices
 from shoal.errors import Diverged
 from shoal.policy import get_weights, set_up_torch, set_weights
-from shoal.runner import Rollout
+from shoal.runner import Rollout, merge_infos
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
@@ -116,6 +116,7 @@ class UpdateResult(NamedTuple):
     env_steps: int  # steps in the rollouts learned from
     episode_returns: list[float]  # episodes the rollouts completed
     episode_lengths: list[int]
+    episode_infos: dict[str, list[float]] = {}  # their --episode-info values
 
 
 class Learner:
@@ -197,7 +198,8 @@ class Learner:
         self.env_steps += steps
         return UpdateResult(metrics, self.version, steps,
                             [x for r in rollouts for x in r.episode_returns],
-                            [x for r in rollouts for x in r.episode_lengths])
+                            [x for r in rollouts for x in r.episode_lengths],
+                            merge_infos(r.episode_infos for r in rollouts))
 
     def report_cpu_wait(self, metrics: dict[str, float]) -> None:
         """Add ``learner/cpu_wait``, :class:`CpuWait`'s share of the latest window, once there is one."""

@@ -39,6 +39,7 @@ class Rollout:
     obs_moments: Moments | None  # raw-observation moments, merged into the normaliser by the learner
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    episode_infos: dict[str, list[float]] = field(default_factory=dict)  # --episode-info keys at episodes' ends
     return_moments: Moments | None = None  # of the discounted returns so far, each step (normalize_rewards)
     memory: tuple[np.ndarray, np.ndarray] | None = None  # recurrent policies: (h, c) [B, 2 * lstm_size] at step 0
 
@@ -55,6 +56,29 @@ class RolloutSummary(NamedTuple):
     episode_returns: list[float]
     episode_lengths: list[int]
     policy_version: int
+    episode_infos: dict[str, list[float]] = {}
+
+
+def merge_infos(parts: Any) -> dict[str, list[float]]:
+    """Several rollouts' ``episode_infos`` as one: each key's values, in order."""
+    merged: dict[str, list[float]] = {}
+    for part in parts:
+        for key, values in part.items():
+            merged.setdefault(key, []).extend(values)
+    return merged
+
+
+def final_info_value(info: dict[str, Any], key: str, b: int) -> float | None:
+    """``key`` of the info env ``b`` gave at the step that ended its episode (same-step autoreset
+    keeps it in ``info["final_info"]``), as a float; None where that env gave none, or no number."""
+    final = info.get("final_info") or {}
+    if key not in final or not final.get(f"_{key}", np.ones(b + 1, bool))[b]:
+        return None
+    try:
+        value = float(final[key][b])
+    except (TypeError, ValueError):
+        return None
+    return value if np.isfinite(value) else None
 
 
 class EnvRunner:
@@ -131,6 +155,7 @@ class EnvRunner:
         final_raw: list[np.ndarray] = []
         returns: list[float] = []
         lengths: list[int] = []
+        infos: dict[str, list[float]] = {key: [] for key in getattr(self.config, "episode_info", ())}
         floats = self.obs.dtype.kind == "f"  # images (uint8) cannot hold NaN
         discounted = np.empty((num_steps, B)) if self.discounted is not None else None
         memory = tuple(x.cpu().numpy().copy() for x in m.memory) if m.recurrent else None
@@ -187,6 +212,9 @@ class EnvRunner:
                         continue
                     returns.append(float(self.ep_return[b]))
                     lengths.append(int(self.ep_length[b]))
+                    for key, values in infos.items():
+                        if (value := final_info_value(info, key, b)) is not None:
+                            values.append(value)
                 if errors is not None:
                     self._check_actions(actions[t], before)  # an env that raised on NaN actions
                     self._check_env_restarts()
@@ -208,7 +236,7 @@ class EnvRunner:
             final_idx=np.asarray(final_idx, np.int64).reshape(-1, 2), final_obs=final_obs,
             policy_id=self.policy_id, policy_version=self.version, runner_id=self.runner_id,
             obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
-            episode_returns=returns, episode_lengths=lengths,
+            episode_returns=returns, episode_lengths=lengths, episode_infos=infos,
             return_moments=Moments.of(discounted.reshape(-1)) if discounted is not None else None,
             memory=memory,
         )
@@ -347,7 +375,7 @@ class EnvRunner:
             obs, actions, rewards, next_obs, discounts = batch
             batch = (compress_rows(obs), actions, rewards, compress_rows(next_obs), discounts)
         self.replay.resolve(self.replay.call("add", *batch, priorities))
-        return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version)
+        return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version, r.episode_infos)
 
     def get_state(self) -> bytes:
         """Everything needed to continue exactly: envs mid-episode, RNG, episode accumulators."""

@@ -28,6 +28,23 @@ class OutOfSpace(gym.ObservationWrapper):
         return observation + 100.0
 
 
+class EpisodeScore(gym.Wrapper):
+    """Says in its info, at the step that ends an episode, the episode's length as its ``score``
+    (and nothing at other steps), and ``tag`` (not a number) at every step."""
+
+    def reset(self, **kwargs):
+        self.steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        info = {**info, "tag": "text"}
+        if terminated or truncated:
+            info["score"] = self.steps
+        return obs, reward, terminated, truncated, info
+
+
 class Raises(gym.Wrapper):
     def __init__(self, env):
         raise ValueError("no wrapper today")

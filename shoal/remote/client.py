@@ -28,7 +28,7 @@ from gymnasium.vector.utils import batch_space
 
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
-from shoal.remote.wire import decode, decode_space, encode
+from shoal.remote.wire import decode, decode_final_info, decode_space, encode
 
 SCHEME = "remote://"
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -277,7 +277,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 sent.append(None)
             except grpc.RpcError as e:
                 sent.append(e)
-        parts = []
+        parts, final_infos = [], []
         errors = np.zeros(self.num_envs, bool)
         for i, conn in enumerate(self.conns):
             try:
@@ -286,6 +286,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 r = conn.receive_step()
                 parts.append((decode(r.obs), decode(r.rewards), decode(r.terminated), decode(r.truncated),
                               decode(r.final_obs)))
+                final_infos.append((self.bounds[i], decode_final_info(r.info)))
                 if r.HasField("env_errors"):  # envs the server replaced after they raised
                     failed = decode(r.env_errors).astype(bool, copy=False)
                     errors[self.bounds[i]:self.bounds[i + 1]] |= failed
@@ -302,6 +303,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if done.any():
             info["final_obs"] = np.array(list(final), dtype=object)
             info["_final_obs"] = done
+            info["final_info"] = _join_final_infos(final_infos, self.num_envs)
         if errors.any():  # those episodes were cut by a server failure, not ended by the env
             info["_env_error"] = errors
         self.last_obs = obs
@@ -364,3 +366,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], timeout_s=state["timeout_s"], reconnect_s=state["reconnect_s"])
         self.reset()
+
+
+def _join_final_infos(parts: list[tuple[int, dict[str, np.ndarray]]], num_envs: int) -> dict[str, np.ndarray]:
+    """The servers' ``final_info`` entries (each server's from its first env on) as one, for all
+    the envs: a key some server did not send is masked out (``_KEY`` False) for its envs."""
+    joined: dict[str, np.ndarray] = {}
+    for start, entries in parts:
+        for key, value in entries.items():
+            if key not in joined:
+                joined[key] = np.zeros(num_envs, value.dtype)
+                if not key.startswith("_"):
+                    joined.setdefault("_" + key, np.zeros(num_envs, bool))
+            joined[key][start:start + len(value)] = value
+            if not key.startswith("_") and "_" + key not in entries:
+                joined["_" + key][start:start + len(value)] = True
+    return joined

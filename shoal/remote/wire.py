@@ -7,6 +7,8 @@ shape of sane rank and size, and a byte count that matches. What fails raises
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -122,12 +124,28 @@ def check_actions(space: gym.Space, actions: np.ndarray, num_envs: int) -> np.nd
     return actions.astype(space.dtype)
 
 
+FINAL_INFO = "final_info/"
+"""Prefix of the entries of ``info["final_info"]`` (the info of the steps that ended episodes)
+in a StepReply's info, their masks ``_KEY`` too."""
+
+
 def encode_info(info: dict, num_envs: int) -> dict[str, pb.Array]:
-    """The numeric per-env entries of a vector env's info dict (others are not sent)."""
+    """The numeric per-env entries of a vector env's info dict (others are not sent), and those of
+    its ``final_info`` with their masks, under :data:`FINAL_INFO`."""
     out = {}
     for key, value in info.items():
         if key in ("final_obs", "final_info") or key.startswith("_"):
             continue
         if isinstance(value, np.ndarray) and value.dtype.name in DTYPES and value.shape[:1] == (num_envs,):
             out[key] = encode(value)
+    final = info.get("final_info")
+    if isinstance(final, dict):
+        for key, value in final.items():
+            if isinstance(value, np.ndarray) and value.dtype.name in DTYPES and value.shape == (num_envs,):
+                out[FINAL_INFO + key] = encode(value)
     return out
+
+
+def decode_final_info(entries: Any) -> dict[str, np.ndarray]:
+    """``info["final_info"]`` from a StepReply's info entries (see :func:`encode_info`)."""
+    return {key[len(FINAL_INFO):]: decode(value) for key, value in entries.items() if key.startswith(FINAL_INFO)}
