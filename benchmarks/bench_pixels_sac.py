@@ -26,7 +26,8 @@ ENV, WARMUP, START, THREADS = "CarRacing-v3", 200, 100, 2
 def shoal_rate(steps: int, batch_size: int, compress: bool, device: str = "cpu", runner_device: str = "cpu") -> float:
     import shoal
 
-    config = shoal.make_config("sac", ENV, device=device, runner_device=runner_device, total_steps=10**9, batch_size=batch_size, buffer_size=10_000,
+    config = shoal.make_config("sac", ENV, device=device, runner_device=runner_device, total_steps=10**9,
+                               batch_size=batch_size, buffer_size=10_000,
                                learning_starts=START, eval_interval=0, torch_threads=THREADS,
                                compress_observations=compress, progress=False, tensorboard=False)
     return shoal_steps_per_s(config, steps, WARMUP)

@@ -162,7 +162,8 @@ class Algorithm:
         if self.recent_returns:
             metrics["episode/return_mean"] = float(np.mean(self.recent_returns))
             metrics["episode/length_mean"] = float(np.mean(self.recent_lengths))
-        metrics.update({f"episode/{key}": float(np.mean(values)) for key, values in self.recent_infos.items() if values})
+        metrics.update({f"episode/{key}": float(np.mean(values))
+                        for key, values in self.recent_infos.items() if values})
         metrics.update(result.metrics)
         return metrics
 

@@ -877,7 +877,8 @@ def cmd_tune(argv: list[str], console: Console) -> int:
     for item in args.param:
         name, sep, spec = item.partition("=")
         if not sep or not name.strip():
-            raise ShoalError(f"--param expects NAME=SPEC (log(A, B), float(A, B), int(A, B) or [choices]), got {item!r}")
+            raise ShoalError(f"--param expects NAME=SPEC (log(A, B), float(A, B), int(A, B) or [choices]), "
+                             f"got {item!r}")
         params[name.strip()] = spec
     sets = parse_set(list(args.set))
     if args.env_kwargs:

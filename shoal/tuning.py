@@ -242,7 +242,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     from shoal.trainer import Interrupted
 
     # best.yaml stands alone: the config file's settings (not where its run was written), the --set ones
-    fixed = {k: v for k, v in (cfg.read_yaml(config_file) if config_file else {}).items() if k not in ("algo", "run_dir")}
+    from_file = cfg.read_yaml(config_file) if config_file else {}
+    fixed = {k: v for k, v in from_file.items() if k not in ("algo", "run_dir")}
     fixed.update(sets)
     try:
         study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
