@@ -171,6 +171,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     spec = algos.get(algo)
     sets = dict(sets or {})
     base = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets=sets)
+    plain = cfg.to_dict(base)  # the fixed settings as the config holds them (YAML's types: a class in Python, its path)
+    sets = {k: plain[k] for k in sets if k in plain}
     space = search_space(spec.name, params, spec.config_cls)
     steps = int(total_steps or base.total_steps)
     _check(trials >= 1, "--trials must be at least 1")
@@ -220,7 +222,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
         except trainer.Interrupted:
             raise
         except ShoalError as e:  # this trial's settings (a run that failed): the study goes on
-            console.print(f"trial {trial.number:>{width}}: failed: {e} ({shown})", markup=False, highlight=False)
+            console.print(f"trial {trial.number:>{width}}: failed: {e} ({shown})", markup=False, highlight=False,
+                          soft_wrap=True)
             raise TrialFailed(str(e)) from None
         took = time.perf_counter() - start
         value = summary["eval_return_mean"]

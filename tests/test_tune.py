@@ -129,6 +129,9 @@ def test_a_choice_of_lists_is_drawn_and_stored_by_its_text():
 
 def test_the_python_api_returns_the_study(tmp_path):
     study = shoal.tune("sac", "Pendulum-v1", trials=1, total_steps=600, evaluations=1,
-                       params={"tau": [0.005, 0.02]}, sets={"learning_starts": 100}, study_dir=tmp_path / "s")
+                       params={"tau": [0.005, 0.02]}, sets={"learning_starts": 100, "hidden_sizes": (32, 32)},
+                       study_dir=tmp_path / "s")
     assert study.best_params["tau"] in (0.005, 0.02) and study.best_trial_dir == tmp_path / "s" / "trial_0000"
     assert study.best_value == pytest.approx(float(rows(tmp_path / "s")[0]["value"]))
+    # the fixed settings as YAML holds them (a tuple from Python is a list there)
+    assert yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["hidden_sizes"] == [32, 32]
