@@ -9,6 +9,7 @@ import csv
 
 import optuna
 import pytest
+import user_wrappers
 import yaml
 
 import shoal
@@ -129,9 +130,9 @@ def test_a_choice_of_lists_is_drawn_and_stored_by_its_text():
 
 def test_the_python_api_returns_the_study(tmp_path):
     study = shoal.tune("sac", "Pendulum-v1", trials=1, total_steps=600, evaluations=1,
-                       params={"tau": [0.005, 0.02]}, sets={"learning_starts": 100, "hidden_sizes": (32, 32)},
+                       params={"tau": [0.005, 0.02]}, sets={"learning_starts": 100, "env_wrappers": [user_wrappers.ScaleReward]},
                        study_dir=tmp_path / "s")
     assert study.best_params["tau"] in (0.005, 0.02) and study.best_trial_dir == tmp_path / "s" / "trial_0000"
     assert study.best_value == pytest.approx(float(rows(tmp_path / "s")[0]["value"]))
-    # the fixed settings as YAML holds them (a tuple from Python is a list there)
-    assert yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["hidden_sizes"] == [32, 32]
+    # the fixed settings as a config file holds them (a class from Python: its import path)
+    assert yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["env_wrappers"] == ["user_wrappers:ScaleReward"]
