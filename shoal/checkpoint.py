@@ -115,19 +115,13 @@ def resolve(path: str | Path) -> Path:
                 "and a last one when it ends")
         raise CheckpointPending(f"no complete checkpoint in {p} yet (looked in {p / 'checkpoints'}): {when}; try "
                                 "again then", when)
-    if (p / "tune.yaml").is_file():  # a `shoal tune` study: its trials are the runs
-        best = next((line for line in _lines(p / "best.yaml") if line.startswith("# shoal tune: trial ")), "")
-        trial = best.partition("(")[2].rpartition(")")[0]
+    from shoal.tuning import best_trial_dir, is_study
+
+    if is_study(p):  # its trials are the runs
+        trial = best_trial_dir(p)
         raise ShoalError(f"{p} is a shoal tune study, not a run: give one of its trials, "
                          + (f"its best is {trial}" if trial else f"{p}/trial_NNNN (its trials.csv lists them)"))
     raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, ValueError):
-        return []
 
 
 def _read(path: Path, name: str, reader: Any) -> Any:

@@ -8,6 +8,13 @@ from pathlib import Path
 
 from shoal.errors import ShoalError
 
+MANY_RUNS = 4
+"""More runs than this in one plot get one legend entry each, beside the panels."""
+
+NOT_SETTINGS = ("seed", "run_dir", "progress", "tensorboard", "log_interval")
+"""Config keys that do not make runs differ as an experiment: runs that differ in these alone are
+the same settings (another seed of them)."""
+
 
 def read_rows(path: Path, numeric: tuple[str, ...] = ("env_steps",)) -> list[dict[str, str]]:
     """The rows of a run's metrics file (progress.csv, eval.csv), each of its ``numeric`` columns
@@ -105,14 +112,6 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     else:
         axes[0].legend(fontsize=7, loc="best")
     return save_figure(fig, out)
-
-
-MANY_RUNS = 4
-"""More runs than this in one plot get one legend entry each, beside the panels."""
-
-NOT_SETTINGS = ("seed", "run_dir", "progress", "tensorboard", "log_interval")
-"""Config keys that do not make runs differ as an experiment: runs that differ in these alone are
-the same settings (another seed of them)."""
 
 
 def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:

@@ -72,7 +72,8 @@ def final_info_value(info: dict[str, Any], key: str, b: int) -> float | None:
     """``key`` of the info env ``b`` gave at the step that ended its episode (same-step autoreset
     keeps it in ``info["final_info"]``), as a float; None where that env gave none, or no number."""
     final = info.get("final_info") or {}
-    if key not in final or not final.get(f"_{key}", np.ones(b + 1, bool))[b]:
+    mask = final.get(f"_{key}")
+    if key not in final or (mask is not None and not mask[b]):
         return None
     try:
         value = float(final[key][b])

@@ -165,7 +165,7 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
         import optuna
     except ImportError:
         raise ShoalError("shoal tune needs Optuna: pip install 'shoal[tune]'") from None
-    from shoal import algos, config as cfg
+    from shoal import algos, config as cfg, trainer
 
     console = console or Console(stderr=True)
     spec = algos.get(algo)
@@ -201,8 +201,6 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     width = len(str(len(study.trials) + trials))
 
     def objective(trial: Any) -> float:
-        from shoal import trainer
-
         drawn = {p.name: p.suggest(trial) for p in space}
         config = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets={**sets, **budget, **drawn})
         run_dir = where / f"trial_{trial.number:04d}"
@@ -242,17 +240,15 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps, searching "
                   f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
                   soft_wrap=True)
-    from shoal.trainer import Interrupted
-
     # best.yaml stands alone: the config file's settings (not where its run was written), the --set ones
     from_file = cfg.read_yaml(config_file) if config_file else {}
     fixed = {k: v for k, v in from_file.items() if k not in ("algo", "run_dir")}
     fixed.update(sets)
     try:
         study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
-    except (Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
+    except (trainer.Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
         _write_results(study, where, fixed, space, console)
-        raise Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
+        raise trainer.Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
                           f"{where} runs more of them") from None
     return _write_results(study, where, fixed, space, console)
 
@@ -280,7 +276,7 @@ def _open_study_dir(where: Path, record: dict[str, Any]) -> None:
     """Make the study directory, or check that the one given holds a study of the same search:
     another algorithm, env, space or trial budget would mix trials that cannot be compared."""
     tune_yaml = where / "tune.yaml"
-    if tune_yaml.is_file():
+    if is_study(where):
         saved = yaml.safe_load(tune_yaml.read_text()) or {}
         differs = [k for k in ("algo", "env", "space", "sets", "config", "total_steps", "evaluations")
                    if saved.get(k) != record[k]]
@@ -322,12 +318,30 @@ def _write_results(study: Any, where: Path, fixed: dict[str, Any], space: list[P
     best = max(done, key=lambda t: t.value)
     params = {p.name: _drawn(p, best.params[p.name]) for p in space}
     (where / "best.yaml").write_text(
-        f"# shoal tune: trial {best.number}, eval return {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
+        f"{BEST_HEADER}{best.number}, eval return {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
         + yaml.safe_dump({**fixed, **params}, sort_keys=False, default_flow_style=None))
     console.print(f"best: trial {best.number}, eval return {format_returns(float(best.value))[0]} "
                   f"({', '.join(f'{k}={_short(v)}' for k, v in params.items())}); {where / 'best.yaml'}",
                   markup=False, highlight=False, soft_wrap=True)
     return Study(where, float(best.value), params, Path(best.user_attrs["run_dir"]), rows)
+
+
+BEST_HEADER = "# shoal tune: trial "
+"""How best.yaml's first line begins: the best trial's number, value and run directory follow."""
+
+
+def is_study(path: Path) -> bool:
+    """Whether ``path`` holds a ``shoal tune`` study (its record, tune.yaml)."""
+    return (path / "tune.yaml").is_file()
+
+
+def best_trial_dir(study_dir: Path) -> str | None:
+    """The best trial's run directory, as best.yaml's first line names it (None before one completed)."""
+    try:
+        first = (study_dir / "best.yaml").read_text(encoding="utf-8").partition("\n")[0]
+    except (OSError, ValueError):
+        return None
+    return first.partition("(")[2].rpartition(")")[0] or None if first.startswith(BEST_HEADER) else None
 
 
 def _drawn(p: Param, stored: Any) -> Any:
