@@ -301,14 +301,13 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
     plot of their mean (``shoal plot --aggregate``) in DIR/curves.png."""
     import dataclasses
     import statistics
-    import time
     from pathlib import Path
 
     from shoal import trainer
     from shoal.config import SEED_LIMIT
-    from shoal.envs import file_name
     from shoal.evaluator import format_returns
     from shoal.plot import plot_aggregate
+    from shoal.rundir import RunDir
 
     if resume:
         raise ShoalError("--seeds trains new runs: resume each seed's run with shoal train --resume DIR/seed_N")
@@ -320,13 +319,7 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
         raise ShoalError(f"--seeds takes whole numbers, got {' '.join(given)}") from None
     if len(set(seeds)) != len(seeds) or not all(0 <= s < SEED_LIMIT for s in seeds):
         raise ShoalError(f"--seeds takes different seeds from 0 to {SEED_LIMIT - 1}, got {' '.join(given)}")
-    if config.run_dir:
-        parent = Path(config.run_dir)
-    else:
-        parent = base = Path("runs") / f"{name}-{file_name(config.env)}-{time.strftime('%Y%m%d-%H%M%S')}-seeds"
-        i = 1
-        while parent.exists():
-            parent, i = base.with_name(f"{base.name}-{i}"), i + 1
+    parent = Path(config.run_dir) if config.run_dir else RunDir.default_path(name, config.env, seeds[0], tag="seeds")
     taken = [parent / f"seed_{s}" for s in seeds if (parent / f"seed_{s}" / "config.yaml").exists()]
     if taken:
         raise ShoalError(f"{taken[0]} already holds a run: choose another --run-dir for these seeds")

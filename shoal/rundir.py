@@ -127,10 +127,10 @@ class RunDir:
             self._lock = None
 
     @staticmethod
-    def default_path(algo: str, env: str, seed: int) -> Path:
-        """runs/ALGO-ENV-YYYYmmdd-HHMMSS-sSEED, unique."""
+    def default_path(algo: str, env: str, seed: int, tag: str | None = None) -> Path:
+        """runs/ALGO-ENV-YYYYmmdd-HHMMSS-sSEED (or -TAG), unique."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        base = Path("runs") / f"{algo}-{file_name(env)}-{stamp}-s{seed}"
+        base = Path("runs") / f"{algo}-{file_name(env)}-{stamp}-{tag or f's{seed}'}"
         path, i = base, 1
         while path.exists():
             path, i = base.with_name(f"{base.name}-{i}"), i + 1
