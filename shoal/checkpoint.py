@@ -80,6 +80,26 @@ def checkpoints_in(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
+def runs_in(path: Path) -> list[Path]:
+    """The run directories (each with its config.yaml) directly inside ``path``, by name: a
+    ``runs/`` directory, ``shoal train --seeds``' directory, a study's trials. None where ``path``
+    is a run itself."""
+    p = Path(path)
+    if (p / "config.yaml").is_file() or not p.is_dir():
+        return []
+    return sorted(d for d in p.iterdir() if (d / "config.yaml").is_file())
+
+
+def runs_held(path: Path) -> str:
+    """For a command that takes one run: "PATH holds N runs, not a run: give one of them (...)"
+    where ``path`` is a directory of runs, else ''."""
+    held = runs_in(path)
+    if not held:
+        return ""
+    names = ", ".join(r.name for r in held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+    return f"{path} holds {len(held)} run{'s' * (len(held) != 1)}, not a run: give one of them ({names})"
+
+
 class CheckpointPending(ShoalError):
     """A run directory whose run has not written a checkpoint yet; ``when`` says when it will."""
 
@@ -121,7 +141,7 @@ def resolve(path: str | Path) -> Path:
         trial = best_trial_dir(p)
         raise ShoalError(f"{p} is a shoal tune study, not a run: give one of its trials, "
                          + (f"its best is {trial}" if trial else f"{p}/trial_NNNN (its trials.csv lists them)"))
-    raise ShoalError(f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
+    raise ShoalError(runs_held(p) or f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 
 def _read(path: Path, name: str, reader: Any) -> Any:

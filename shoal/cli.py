@@ -387,12 +387,12 @@ class EvalArgs:
 
 
 def cmd_eval(argv: list[str], console: Console) -> int:
-    from shoal import checkpoint as ckpt
-    from shoal.algorithm import load_policy
-    from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
-    from shoal.evaluator import format_returns, record_episodes, run_episodes, watch_episodes
+    from pathlib import Path
 
-    from shoal.config import SEED_LIMIT, parse_set
+    from shoal import checkpoint as ckpt
+    from shoal.config import SEED_LIMIT
+    from shoal.evaluator import format_returns
+    from shoal.tuning import is_study
 
     args = _parse(EvalArgs, _gather(argv, "--env-kwargs"), "shoal eval")
     _check_flags(("--episodes", args.episodes, "at least 1"), ("--max-steps", args.max_steps, "at least 1"))
@@ -401,7 +401,38 @@ def cmd_eval(argv: list[str], console: Console) -> int:
                          f"none past 64 bits), got {args.seed}")
     if args.deterministic and args.stochastic:
         raise ShoalError("--deterministic and --stochastic exclude each other")
-    path = ckpt.resolve(args.path)
+    if args.video and args.render:
+        raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
+    where = Path(args.path)
+    runs = [] if is_study(where) else ckpt.runs_in(where)  # a study names its best trial instead
+    if not runs:
+        _evaluate_one(args, ckpt.resolve(args.path), args.video, console)
+        return 0
+    # A directory of runs (`shoal train --seeds`' DIR, runs/): each run's newest checkpoint, then
+    # their returns over the runs where they share an env
+    means, envs = [], set()
+    for run in runs:
+        video = str(Path(args.video) / run.name) if args.video else None
+        env_id, result = _evaluate_one(args, ckpt.resolve(run), video, console)
+        means.append(result["eval/return_mean"])
+        envs.add(env_id)
+    if len(envs) == 1:
+        import numpy as np
+
+        mean, std = format_returns(float(np.mean(means)), float(np.std(means)))
+        console.print(f"{len(runs)} runs: return {mean} ± {std} over the runs' mean returns")
+    return 0
+
+
+def _evaluate_one(args: EvalArgs, path, video: str | None, console: Console) -> tuple[str, dict]:
+    """``shoal eval``'s episodes of one checkpoint, printed in a line: (env id, their statistics)."""
+    from shoal import checkpoint as ckpt
+    from shoal.algorithm import load_policy
+    from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
+    from shoal.evaluator import format_returns, record_episodes, run_episodes, watch_episodes
+
+    from shoal.config import parse_set
+
     env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
     run_kwargs = dict(getattr(policy.config, "env_kwargs", None) or {})
@@ -409,10 +440,8 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         env_kwargs = parse_set(list(args.env_kwargs), "--env-kwargs")
     else:
         env_kwargs = run_kwargs if env_id == getattr(policy.config, "env", env_id) else {}
-    if args.video and args.render:
-        raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
-    if (args.video or args.render) and is_remote(env_id):
-        what = "videos are rendered from" if args.video else "--render shows"
+    if (video or args.render) and is_remote(env_id):
+        what = "videos are rendered from" if video else "--render shows"
         raise ShoalError(f"{what} a local env: add --env ENV_ID (the run trained on env servers)")
     # The run's frame stack and mask source make its observations what the policy takes: any env it
     # is evaluated on here gets them too (an env server stacks its own: --frame-stack there)
@@ -422,10 +451,10 @@ def cmd_eval(argv: list[str], console: Console) -> int:
         raise ShoalError(f"checkpoint {path} does not fit {env_id}: {misfit}")
     deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
-    if args.video:  # the statistics of the recorded episodes themselves: one pass, not two
+    if video:  # the statistics of the recorded episodes themselves: one pass, not two
         paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
-                                        args.video, args.max_steps, env_kwargs, options)
-        console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {args.video}")
+                                        video, args.max_steps, env_kwargs, options)
+        console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {video}")
     elif args.render:
         result = watch_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.max_steps,
                                 env_kwargs, options)
@@ -438,7 +467,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     console.print(f"{env_id}: return {mean} ± {std} "
                   f"over {episodes} ({mode}; {success}length {result['eval/length_mean']:.1f}; "
                   f"checkpoint {path}, policy version {policy.version})")
-    return 0
+    return env_id, result
 
 
 @dataclass(frozen=True)

@@ -326,6 +326,10 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     """The saved config.yaml of a run directory, with its ``algo`` key."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
+        from shoal.checkpoint import runs_held
+
+        if runs_held(Path(run_dir)):
+            raise ShoalError(runs_held(Path(run_dir)))
         run = next((p for p in Path(run_dir).parents[:2] if (p / "config.yaml").is_file()), None)
         hint = f": it is inside the run directory {run}; give that" if run else ""
         raise ShoalError(f"{run_dir} is not a shoal run directory (no config.yaml){hint}")

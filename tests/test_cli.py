@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import itertools
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -330,6 +331,17 @@ def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tm
     line = next(line for line in err.splitlines() if line.startswith("2 seeds: final eval return"))
     assert f"± {statistics.pstdev(finals):.1f}" in line and "seed 3: " in line and "seed 5: " in line, line
     assert (runs / "curves.png").exists()
+    # shoal eval of the directory evaluates each seed's run, then their mean over the runs
+    code, out, err = run_cli(capsys, "eval", str(runs), "--episodes", "2")
+    assert code == 0, err
+    lines = (out + err).strip().splitlines()
+    per_run = [float(re.search(r"return (\S+) ±", line)[1]) for line in lines[:2]]
+    assert [f"seed_{seed}" in line for line, seed in zip(lines, (3, 5))] == [True, True], lines
+    assert lines[2] == f"2 runs: return {np.mean(per_run):.1f} ± {np.std(per_run):.1f} over the runs' mean returns"
+    for command in (["export"], ["train", "--resume"]):  # those take one run: say which the directory holds
+        code, _, err = run_cli(capsys, *command, str(runs))
+        assert code == 2 and err.strip().endswith(f"{runs} holds 2 runs, not a run: give one of them (seed_3, "
+                                                  "seed_5)"), err
     for argv, message in ((["--seeds", "1", "--seed", "2"], "give --seed for one run or --seeds for several"),
                           (["--seeds", "1", "x"], "--seeds takes whole numbers"),
                           (["--seeds", "1", "1"], "--seeds takes different seeds"),
