@@ -384,13 +384,16 @@ class EvalArgs:
     env_kwargs: tuple[str, ...] | None = None
     """KEY=VALUE keyword arguments of the env's constructor instead of the run's env_kwargs (which
     apply to the run's own env id only): --env-kwargs is_slippery=true."""
+    episode_info: tuple[str, ...] | None = None
+    """Keys of the env's info at each episode's last step to report, as their mean over the
+    episodes that gave a number (default: the run's --episode-info)."""
 
 
 def cmd_eval(argv: list[str], console: Console) -> int:
     from pathlib import Path
 
     from shoal import checkpoint as ckpt
-    from shoal.config import SEED_LIMIT
+    from shoal.config import SEED_LIMIT, check_episode_info
     from shoal.evaluator import format_returns
     from shoal.tuning import is_study
 
@@ -401,6 +404,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
                          f"none past 64 bits), got {args.seed}")
     if args.deterministic and args.stochastic:
         raise ShoalError("--deterministic and --stochastic exclude each other")
+    check_episode_info(args.episode_info or (), "--episode-info")
     if args.video and args.render:
         raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
     where = Path(args.path)
@@ -449,20 +453,22 @@ def _evaluate_one(args: EvalArgs, path, video: str | None, console: Console) -> 
     misfit = policy_misfit((policy.observation_space, policy.action_space), env_spaces(env_id, env_kwargs, options))
     if misfit:
         raise ShoalError(f"checkpoint {path} does not fit {env_id}: {misfit}")
+    keys = tuple(getattr(policy.config, "episode_info", ()) if args.episode_info is None else args.episode_info)
     deterministic = args.deterministic or (not args.stochastic and policy.config.eval_deterministic)
     mode = "deterministic" if deterministic else "stochastic"
     if video:  # the statistics of the recorded episodes themselves: one pass, not two
         paths, result = record_episodes(policy.module, env_id, args.episodes, deterministic, args.seed,
-                                        video, args.max_steps, env_kwargs, options)
+                                        video, args.max_steps, env_kwargs, options, keys)
         console.print(f"wrote {len(paths)} video{'s' * (len(paths) != 1)} to {video}")
     elif args.render:
         result = watch_episodes(policy.module, env_id, args.episodes, deterministic, args.seed, args.max_steps,
-                                env_kwargs, options)
+                                env_kwargs, options, keys)
     else:
         envs = make_vector_env(env_id, args.episodes, env_kwargs, options)
-        result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes)
+        result = run_episodes(policy.module, envs, deterministic, args.seed, args.max_steps, args.episodes, keys)
     episodes = f"{args.episodes} episode{'s' * (args.episodes != 1)}"
     success = f"success {result['eval/success_rate']:.0%}; " if "eval/success_rate" in result else ""
+    success += "".join(f"{key} {result[f'eval/{key}']:.4g}; " for key in keys if f"eval/{key}" in result)
     mean, std = format_returns(result["eval/return_mean"], result["eval/return_std"])
     console.print(f"{env_id}: return {mean} ± {std} "
                   f"over {episodes} ({mode}; {success}length {result['eval/length_mean']:.1f}; "

@@ -73,9 +73,10 @@ class Config:
     """Learn from the sign of each reward (-1, 0 or 1), as DQN's Atari agents did; the returns
     shoal reports stay the env's own."""
     episode_info: tuple[str, ...] = ()
-    """Keys of the env's info to log at the end of each training episode, as episode/KEY: the
-    mean over the last 100 episodes that gave a number for it (stable-baselines3 Monitor's
-    info_keywords, RLlib's custom metrics). --episode-info is_success score."""
+    """Keys of the env's info to log at the end of each episode: for training episodes as
+    episode/KEY, the mean over the last 100 that gave a number for it; for each evaluation's as
+    eval/KEY (stable-baselines3 Monitor's info_keywords, RLlib's custom metrics).
+    --episode-info is_success score."""
     stop_return: float | None = None
     """Stop early once the mean evaluation return reaches this value."""
     stop_time_s: float | None = None
@@ -195,6 +196,7 @@ class Config:
                "encoder_kwargs are the --encoder class's keyword arguments: give --encoder module:ClassName too")
         _check(self.address is None or self.backend == "ray",
                "--address joins a Ray cluster: add --backend ray")
+        check_episode_info(self.episode_info, "episode_info")
         from shoal.envs import EnvOptions
 
         EnvOptions.of(self)  # checks frame_stack
@@ -215,6 +217,19 @@ class Config:
     def num_envs(self) -> int:
         """Environments across all runners."""
         return self.num_env_runners * self.num_envs_per_runner
+
+
+OWN_EPISODE_KEYS = {"count", "return_mean", "length_mean", "return_std", "episodes", "success_rate",
+                    "policy_version"}
+"""What shoal logs as episode/NAME and eval/NAME itself: --episode-info keys of these names are refused."""
+
+
+def check_episode_info(keys: tuple[str, ...], name: str) -> None:
+    """Info keys to report (``--episode-info``): named, and none of shoal's own metrics' names."""
+    taken = sorted(set(keys) & OWN_EPISODE_KEYS)
+    _check(all(keys), f"{name} takes info keys, not an empty name")
+    _check(not taken, f"{name}: {', '.join(taken)} would replace shoal's own episode/ and eval/ metrics of that "
+           "name; wrap the env so that its info gives the value under another key")
 
 
 def _check(ok: bool, message: str) -> None:

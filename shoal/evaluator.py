@@ -17,13 +17,16 @@ from gymnasium.vector import VectorEnv
 from shoal.envs import NO_OPTIONS, EnvOptions, error_line, file_name, headless, make_env, make_vector_env
 from shoal.errors import ShoalError
 from shoal.policy import PolicyModule, set_up_torch, set_weights
+from shoal.runner import final_info_value, info_number
 
 
 @torch.no_grad()
 def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed: int,
-                 max_steps: int, episodes: int | None = None) -> dict[str, float]:
+                 max_steps: int, episodes: int | None = None, info_keys: tuple[str, ...] = ()) -> dict[str, float]:
     """Play ``episodes`` episodes (default: one in each of ``env``'s copies) and return their
-    statistics; an episode still going after ``max_steps`` steps is cut there.
+    statistics; an episode still going after ``max_steps`` steps is cut there. Each of
+    ``info_keys`` that episodes' last steps give as a number is reported as ``eval/KEY``, the mean
+    over those episodes.
 
     Episodes run one per copy, in parallel, in rounds: each round resets every copy (round r with
     seed ``seed + r * copies``, so no two episodes share a seed) and keeps the first episodes it
@@ -36,6 +39,7 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     successes = np.zeros(episodes)  # info["is_success"] at each episode's end
     reports = False  # whether the env says whether episodes succeed at all
+    infos: dict[str, list[float]] = {key: [] for key in info_keys}
     for first in range(0, episodes, copies):
         wanted = min(copies, episodes - first)
         obs, _ = env.reset(seed=seed + first)
@@ -56,19 +60,26 @@ def run_episodes(module: PolicyModule, env: VectorEnv, deterministic: bool, seed
             if ended.any() and "is_success" in final:
                 said = ended & final.get("_is_success", np.ones(copies, bool))[:wanted]
                 success[said] = np.asarray(final["is_success"], np.float64)[:wanted][said]
+            for b in np.flatnonzero(ended) if infos else ():
+                for key, values in infos.items():
+                    if (value := final_info_value(info, key, b)) is not None:
+                        values.append(value)
             running &= ~(term | trunc)
-    return episode_stats(returns, lengths, successes if reports else None)
+    return episode_stats(returns, lengths, successes if reports else None, infos)
 
 
-def episode_stats(returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray | None = None) -> dict[str, float]:
+def episode_stats(returns: np.ndarray, lengths: np.ndarray, successes: np.ndarray | None = None,
+                  infos: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Mean and std of episode returns, mean length and count, as evaluations report them; and
     the success rate, given ``successes`` (1 or 0 per episode) from an env that says whether an
     episode succeeded (``info["is_success"]``, as Gymnasium-Robotics' goal envs do and
-    stable-baselines3 reads; an episode cut at the step limit counts as a failure)."""
+    stable-baselines3 reads; an episode cut at the step limit counts as a failure); and the mean
+    of each of ``infos``' keys that has values, as ``eval/KEY``."""
     stats = {"eval/return_mean": float(np.mean(returns)), "eval/return_std": float(np.std(returns)),
              "eval/length_mean": float(np.mean(lengths)), "eval/episodes": float(len(returns))}
     if successes is not None:
         stats["eval/success_rate"] = float(np.mean(np.asarray(successes) > 0))
+    stats.update({f"eval/{key}": float(np.mean(values)) for key, values in (infos or {}).items() if values})
     return stats
 
 
@@ -85,7 +96,7 @@ def format_returns(*values: float) -> list[str]:
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
                     video_dir: str | Path, max_steps: int,
                     env_kwargs: dict[str, Any] | None = None,
-                    options: EnvOptions = NO_OPTIONS) -> tuple[list[Path], dict[str, float]]:
+                    options: EnvOptions = NO_OPTIONS, info_keys: tuple[str, ...] = ()) -> tuple[list[Path], dict[str, float]]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""
@@ -104,7 +115,7 @@ def record_episodes(module: PolicyModule, env_id: str, episodes: int, determinis
     try:
         env = make_env(env_id, render_mode="rgb_array", kwargs=env_kwargs, options=options)
         try:
-            return _play_and_write(env, module, env_id, episodes, deterministic, seed, out, max_steps)
+            return _play_and_write(env, module, env_id, episodes, deterministic, seed, out, max_steps, info_keys)
         finally:
             env.close()
     except BaseException:
@@ -135,13 +146,15 @@ def _render(env: gym.Env, env_id: str) -> np.ndarray:
 
 
 def _play(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
-          max_steps: int, on_episode: Callable[[int, list[np.ndarray]], None] | None = None) -> dict[str, float]:
+          max_steps: int, on_episode: Callable[[int, list[np.ndarray]], None] | None = None,
+          info_keys: tuple[str, ...] = ()) -> dict[str, float]:
     """Play ``episodes`` episodes one after another (episode i from seed ``seed + i``, each cut
     after ``max_steps`` steps) and return their statistics. With ``on_episode``, every step's frame
     is rendered, and it gets (i, the frames) as each episode ends."""
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     successes, reports = np.zeros(episodes), False
+    infos: dict[str, list[float]] = {key: [] for key in info_keys}
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         module.reset_memory(1)
@@ -157,13 +170,16 @@ def _play(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, determ
             reports = reports or "is_success" in info
             if done and "is_success" in info:
                 successes[i] = float(info["is_success"])
+        for key, values in infos.items() if done else ():  # an episode cut at max_steps gave no last step
+            if key in info and (value := info_number(info[key])) is not None:
+                values.append(value)
         if on_episode:
             on_episode(i, frames)
-    return episode_stats(returns, lengths, successes if reports else None)
+    return episode_stats(returns, lengths, successes if reports else None, infos)
 
 
 def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
-                    out: Path, max_steps: int) -> tuple[list[Path], dict[str, float]]:
+                    out: Path, max_steps: int, info_keys: tuple[str, ...] = ()) -> tuple[list[Path], dict[str, float]]:
     """:func:`record_episodes`' episodes, each written to ``out`` as it ends."""
     fps = env.metadata.get("render_fps", 30)
     paths: list[Path] = []
@@ -181,13 +197,14 @@ def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: i
         tmp.replace(path)
         paths.append(path)
 
-    stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps, write)
+    stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps, write, info_keys)
     return paths, stats
 
 
 @torch.no_grad()
 def watch_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, max_steps: int,
-                   env_kwargs: dict[str, Any] | None = None, options: EnvOptions = NO_OPTIONS) -> dict[str, float]:
+                   env_kwargs: dict[str, Any] | None = None, options: EnvOptions = NO_OPTIONS,
+                   info_keys: tuple[str, ...] = ()) -> dict[str, float]:
     """Play ``episodes`` episodes in a window, as rl-zoo's enjoy does: the env's 'human' render
     mode, which draws each step at the env's own frame rate. Returns their statistics."""
     if headless():
@@ -199,7 +216,7 @@ def watch_episodes(module: PolicyModule, env_id: str, episodes: int, determinist
                          f"metadata's render_modes are {modes} (--video DIR records 'rgb_array' frames)")
     env = make_env(env_id, render_mode="human", kwargs=env_kwargs, options=options)
     try:
-        return _play(env, module, env_id, episodes, deterministic, seed, max_steps)
+        return _play(env, module, env_id, episodes, deterministic, seed, max_steps, info_keys=info_keys)
     except ShoalError:
         raise
     except Exception as e:  # the window: a display that refuses it, a renderer that cannot start
@@ -251,6 +268,6 @@ class Evaluator:
         if episodes not in self.envs:
             self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs, self.options)
         result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
-                                              self.config.eval_max_steps, episodes)
+                                              self.config.eval_max_steps, episodes, self.config.episode_info)
         result["eval/policy_version"] = self.version
         return result

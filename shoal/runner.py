@@ -75,11 +75,16 @@ def final_info_value(info: dict[str, Any], key: str, b: int) -> float | None:
     mask = final.get(f"_{key}")
     if key not in final or (mask is not None and not mask[b]):
         return None
+    return info_number(final[key][b])
+
+
+def info_number(value: Any) -> float | None:
+    """An info entry as a finite float, or None where it is none (text, an array, NaN)."""
     try:
-        value = float(final[key][b])
+        number = float(value)
     except (TypeError, ValueError):
         return None
-    return value if np.isfinite(value) else None
+    return number if np.isfinite(number) else None
 
 
 class EnvRunner:

@@ -48,3 +48,32 @@ def test_an_env_servers_episodes_give_their_info_and_a_run_logs_and_resumes_it(t
             assert list(algo.recent_infos["score"]) == pytest.approx(list(algo.recent_lengths))
     finally:
         server.stop(grace=0)
+
+
+def test_evaluations_report_the_info_of_their_own_episodes_and_shoal_eval_does_too(tmp_path, capsys):
+    from shoal.cli import main
+
+    config = shoal.make_config("ppo", "CartPole-v1", env_wrappers=SCORED, episode_info=("score", "tag"),
+                               total_steps=1_024, progress=False, tensorboard=False, eval_interval=512,
+                               eval_episodes=3)
+    shoal.train(config, run_dir=tmp_path / "run")
+    with open(tmp_path / "run" / "eval.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 2 and "eval/tag" not in rows[0]
+    for row in rows:  # each evaluation's own episodes: their lengths, through the info of their last steps
+        assert float(row["eval/score"]) == pytest.approx(float(row["eval/length_mean"]))
+    capsys.readouterr()
+    for extra in ([], ["--video", str(tmp_path / "videos")]):  # the vector env's episodes, and one env's
+        assert main(["eval", str(tmp_path / "run"), "--episodes", "2", *extra]) == 0
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        length = float(line.split("length ")[1].split(";")[0])
+        assert f"; score {length:.4g}; length" in line and "tag" not in line, line
+    assert main(["eval", str(tmp_path / "run"), "--episodes", "1", "--episode-info"]) == 0  # none asked for
+    assert "score" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("keys, message", [(("score", ""), "episode_info takes info keys, not an empty name"),
+                                           (("return_mean",), "episode_info: return_mean would replace shoal's own")])
+def test_info_keys_with_no_name_or_shoals_own_metrics_name_are_refused(keys, message):
+    with pytest.raises(shoal.ConfigError, match=message):
+        shoal.make_config("ppo", "CartPole-v1", episode_info=keys)
