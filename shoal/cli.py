@@ -354,6 +354,8 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
     console.print("  config.yaml  progress.csv  eval.csv  tb/  (tensorboard --logdir " + s["run_dir"] + "/tb)")
     console.print(f"  checkpoint:  {s['checkpoint']}")
     console.print(f"  plot:        {s['plot']}")
+    if s.get("videos"):
+        console.print(f"  videos:      {s['videos']}")
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,11 @@ class Config:
     eval_max_steps: int = 10_000
     """An evaluation episode that has not ended after this many steps is cut there (an env with no
     time limit, such as CliffWalking-v1, would never end a poor policy's episode)."""
+    video_interval: int = 0
+    """Record one episode of the current policy, as its evaluations play it (their first
+    episode's seed, deterministic or not, eval_max_steps), to RUN_DIR/videos/step_N.mp4 every this
+    many environment steps and at the end (0: none; CleanRL's capture_video). The env must render
+    'rgb_array' frames."""
     checkpoint_interval: int = 25_000
     """Write a checkpoint every this many environment steps (and always at the end)."""
     keep_checkpoints: int = 3
@@ -163,6 +168,7 @@ class Config:
         _check(self.eval_interval >= 0, "eval_interval must be 0 (end only) or positive")
         _check(self.eval_episodes >= 1, "eval_episodes must be at least 1")
         _check(self.eval_max_steps >= 1, "eval_max_steps must be at least 1")
+        _check(self.video_interval >= 0, "video_interval must be 0 (no videos) or positive")
         _check(self.checkpoint_interval >= 1, "checkpoint_interval must be positive")
         _check(self.log_interval >= 1, "log_interval must be at least 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
@@ -212,6 +218,9 @@ class Config:
             from shoal.envs import REMOTE_OPTIONS
 
             raise ConfigError(REMOTE_OPTIONS)
+        else:
+            _check(not self.video_interval, "video_interval records a local env, and env servers' envs are not "
+                   "rendered here: record the run's checkpoints with `shoal eval RUN_DIR --env ENV_ID --video DIR`")
 
     @property
     def num_envs(self) -> int:

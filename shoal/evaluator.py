@@ -185,23 +185,54 @@ def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: i
     paths: list[Path] = []
 
     def write(i: int, frames: list[np.ndarray]) -> None:
-        path = out / f"{file_name(env_id)}-episode-{i}.mp4"
-        tmp = path.with_suffix(".tmp.mp4")
-        try:
-            write_mp4(tmp, frames, fps)
-        except BaseException as e:
-            tmp.unlink(missing_ok=True)
-            if isinstance(e, OSError):  # PyAV's file errors are OSErrors too
-                raise ShoalError(f"cannot write {path}: {e.strerror or e}") from None
-            raise
-        tmp.replace(path)
-        paths.append(path)
+        paths.append(_write_episode(out / f"{file_name(env_id)}-episode-{i}.mp4", frames, fps))
 
     stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps, write, info_keys)
     return paths, stats
 
 
 @torch.no_grad()
+def _write_episode(path: Path, frames: list[np.ndarray], fps: float) -> Path:
+    """An episode's frames as the mp4 ``path``, written under a temporary name and renamed."""
+    tmp = path.with_suffix(".tmp.mp4")
+    try:
+        write_mp4(tmp, frames, fps)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):  # PyAV's file errors are OSErrors too
+            raise ShoalError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+    tmp.replace(path)
+    return path
+
+
+class VideoRecorder:
+    """``video_interval``: one episode of a policy at a time, played as the run's evaluations play
+    their first (its seed, deterministic or not, eval_max_steps), written to ``out/step_N.mp4``.
+    Its env is made once, with 'rgb_array' frames, in the process that trains."""
+
+    def __init__(self, config: Any, out: Path, seed: int):
+        self.config, self.out, self.seed = config, Path(out), seed
+        options = EnvOptions.of(config)
+        modes = _render_modes(config.env, config.env_kwargs, options)
+        if "rgb_array" not in modes:
+            raise ShoalError(f"video_interval: {config.env} cannot be recorded: its metadata's render_modes are "
+                             f"{modes}, and videos need 'rgb_array' frames")
+        self.env = make_env(config.env, render_mode="rgb_array", kwargs=config.env_kwargs, options=options)
+
+    def record(self, module: PolicyModule, env_steps: int) -> Path:
+        """Play one episode with ``module`` and write it as ``step_{env_steps}.mp4``."""
+        self.out.mkdir(exist_ok=True)
+        path, fps = self.out / f"step_{env_steps:09d}.mp4", self.env.metadata.get("render_fps", 30)
+        c = self.config
+        _play(self.env, module, c.env, 1, c.eval_deterministic, self.seed, c.eval_max_steps,
+              lambda i, frames: _write_episode(path, frames, fps))
+        return path
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def watch_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, max_steps: int,
                    env_kwargs: dict[str, Any] | None = None, options: EnvOptions = NO_OPTIONS,
                    info_keys: tuple[str, ...] = ()) -> dict[str, float]:

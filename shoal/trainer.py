@@ -19,10 +19,10 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from shoal import checkpoint as ckpt
-from shoal.algorithm import Algorithm, config_from_dict
+from shoal.algorithm import EVAL_SEED_OFFSET, Algorithm, config_from_dict
 from shoal.config import read_yaml
 from shoal.errors import RoleFailed, ShoalError
-from shoal.evaluator import format_returns
+from shoal.evaluator import VideoRecorder, format_returns
 from shoal.learner import CPU_WAIT_WINDOW_S
 from shoal.plot import plot_runs
 from shoal.rundir import RunDir
@@ -148,6 +148,19 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     ``metrics`` then hold ``eval/return_mean`` and the rest of it); returning False ends the run
     there, as a stable-baselines3 callback's ``False`` does (the final evaluation, checkpoint and
     plot as at any stop; the summary's ``stopped_by_callback`` says so)."""
+    recorder = None
+    if algo.config.video_interval:
+        recorder = VideoRecorder(algo.config, run.path / "videos", algo.config.seed + EVAL_SEED_OFFSET)
+    try:
+        return _fit(algo, run, console, callback, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None,
+         recorder: VideoRecorder | None) -> dict[str, Any]:
+    """:func:`fit`'s loop, with its video recorder (None: no videos)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
@@ -188,6 +201,13 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
         return result
 
     name = f"{algo.spec.name} {c.env}"
+    last_video = every(c.video_interval, algo.env_steps)
+    videos: list[Path] = []
+
+    def record() -> None:
+        if recorder is not None:
+            videos.append(recorder.record(algo.get_policy().module, algo.env_steps))
+
     run.mark_live(algo.backend.live_store())
     try:
         with _sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
@@ -209,6 +229,9 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
                     last_eval = every(c.eval_interval, algo.env_steps)
                     evaluation = evaluate()
                     solved = reached(evaluation)
+                if every(c.video_interval, algo.env_steps) > last_video:
+                    last_video = every(c.video_interval, algo.env_steps)
+                    record()
                 if every(c.checkpoint_interval, algo.env_steps) > last_ckpt:
                     last_ckpt = every(c.checkpoint_interval, algo.env_steps)
                     save()
@@ -230,6 +253,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
     if evaluation is None or evaluation["env_steps"] != algo.env_steps:
         evaluation = evaluate()
         solved = reached(evaluation)
+    if recorder is not None and not (videos and videos[-1].name == f"step_{algo.env_steps:09d}.mp4"):
+        record()  # the last policy's, as the final evaluation's
     last = saved[1] if saved is not None and saved[0] == algo.env_steps else save()
     run.close()
     plot = plot_runs([run.path], run.path / "curve.png")
@@ -239,7 +264,8 @@ def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: 
             "eval_success_rate": evaluation.get("eval/success_rate"),
             "solved": solved, "stopped_by_callback": halted,
             "timed_out": not solved and not halted and algo.env_steps < c.total_steps and out_of_time(),
-            "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s}
+            "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s,
+            "videos": str(run.path / "videos") if videos else None}
 
 
 def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None) -> dict[str, Any]:

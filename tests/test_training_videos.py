@@ -1,0 +1,77 @@
+"""``--video-interval N`` (CleanRL's capture_video, RLlib's evaluation render_env): an episode of
+the current policy, played as the run's evaluations play their first, written to
+RUN_DIR/videos/step_N.mp4 every N env steps and at the end."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import av
+import gymnasium as gym
+import pytest
+
+import shoal
+from shoal.algorithm import EVAL_SEED_OFFSET
+from shoal.cli import main
+
+FAST = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "64",
+        "--minibatch-size", "64", "--num-epochs", "2", "--eval-episodes", "2", "--eval-interval", "0"]
+
+
+def frames(path) -> int:
+    with av.open(str(path)) as video:
+        return sum(1 for _ in video.decode(video=0))
+
+
+def test_videos_are_recorded_at_each_interval_and_at_the_end_as_the_evaluations_play(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--video-interval", "512", "--total-steps", "1300", "--seed", "3",
+                 "--run-dir", str(run), *FAST]) == 0
+    err = capsys.readouterr().err
+    assert f"  videos:      {run / 'videos'}" in err
+    with open(run / "progress.csv") as f:
+        steps = [int(row["env_steps"]) for row in csv.DictReader(f)]
+    # the first iteration at or past each multiple of 512 (256 steps an iteration), then the last
+    assert [p.name for p in sorted((run / "videos").iterdir())] == [
+        f"step_{s:09d}.mp4" for s in (512, 1024, steps[-1])]
+    assert steps[-1] == 1536
+    # the last one is the final policy's episode from the evaluations' first seed: its reset's frame and a
+    # frame per step, as many as `shoal eval` plays with that seed
+    assert main(["eval", str(run), "--episodes", "1", "--seed", str(3 + EVAL_SEED_OFFSET)]) == 0
+    length = float(capsys.readouterr().out.split("length ")[1].split(";")[0])
+    assert frames(run / "videos" / f"step_{steps[-1]:09d}.mp4") == length + 1
+
+
+def test_a_resumed_run_adds_its_videos_and_none_are_recorded_without_the_setting(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--total-steps", "256", "--run-dir", str(run), *FAST]) == 0
+    assert not (run / "videos").exists() and "videos:" not in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--total-steps", "512", "--video-interval", "256",
+                 "--no-progress"]) == 0
+    assert [p.name for p in (run / "videos").iterdir()] == ["step_000000512.mp4"]
+
+
+class NoFrames(gym.Wrapper):  # CartPole's spaces, and no render mode (a custom env's __init__ takes none)
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.metadata = {"render_modes": []}
+
+
+def test_an_env_with_no_frames_is_refused_in_one_line_before_training_and_leaves_no_run(tmp_path, capsys):
+    gym.register("NoFramesVideo-v0", entry_point=NoFrames, max_episode_steps=50)
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--env", "NoFramesVideo-v0", "--video-interval", "256", "--run-dir", str(run),
+                 *FAST]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("shoal: error: video_interval: NoFramesVideo-v0 cannot be recorded: its metadata's "
+                           "render_modes are [], and videos need 'rgb_array' frames"), err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"video_interval": -1}, "video_interval must be 0 (no videos) or positive"),
+    ({"env": "remote://127.0.0.1:50051", "video_interval": 100}, "video_interval records a local env")])
+def test_video_settings_that_cannot_work_are_refused(settings, message):
+    with pytest.raises(shoal.ConfigError, match=re.escape(message)):
+        shoal.make_config("ppo", **settings)
