@@ -312,6 +312,8 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "num_gpus": ("RLlib's", {"device": ""}),
     "env_wrapper": ("rl-zoo's", {"env_wrappers": " (the same list)"}),
     "wrapper_class": ("SB3's", {"env_wrappers": " (a list of them)"}),
+    "info_keywords": ("SB3 Monitor's", {"episode_info": ""}),
+    "capture_video": ("CleanRL's", {"video_interval": " (env steps between videos; 0: none)"}),
 }
 
 
