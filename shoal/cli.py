@@ -894,6 +894,9 @@ class TuneArgs:
     """Prune trials below the median at an evaluation (--no-prune: run every trial to its end)."""
     timeout_s: float | None = None
     """Start no trial after this many seconds of the study."""
+    n_jobs: int = 1
+    """Trials run at once, each in a process of its own sharing the study (rl-zoo's --n-jobs); give
+    each the cores its run uses (--torch-threads, 1 by default, and its envs)."""
 
 
 def cmd_tune(argv: list[str], console: Console) -> int:
@@ -914,11 +917,11 @@ def cmd_tune(argv: list[str], console: Console) -> int:
     if args.env_kwargs:
         sets["env_kwargs"] = parse_set(list(args.env_kwargs), "--env-kwargs")
     _check_flags(("--trials", args.trials, "at least 1"), ("--evaluations", args.evaluations, "at least 1"),
-                 ("--startup-trials", args.startup_trials, "at least 0"))
+                 ("--startup-trials", args.startup_trials, "at least 0"), ("--n-jobs", args.n_jobs, "at least 1"))
     study = tune(args.algo, args.env, trials=args.trials, params=params or None, total_steps=args.total_steps,
                  evaluations=args.evaluations, sets=sets, config_file=args.config, study_dir=args.study_dir,
                  seed=args.seed, startup_trials=args.startup_trials, prune=args.prune, timeout_s=args.timeout_s,
-                 console=console)
+                 n_jobs=args.n_jobs, console=console)
     if study.best_value is None:
         return 1
     console.print(f"train with them: shoal train {args.algo} --env {args.env} --config {study.study_dir / 'best.yaml'}",

@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import io
 import math
+import os
 import re
 import time
 from datetime import datetime
@@ -153,14 +154,16 @@ class Study:
 def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, Any] | None = None,
          total_steps: int | None = None, evaluations: int = 5, sets: dict[str, Any] | None = None,
          config_file: str | None = None, study_dir: str | Path | None = None, seed: int = 0,
-         startup_trials: int = 5, prune: bool = True, timeout_s: float | None = None,
+         startup_trials: int = 5, prune: bool = True, timeout_s: float | None = None, n_jobs: int = 1,
          console: Console | None = None) -> Study:
     """Search ``algo``'s settings on ``env`` over ``trials`` runs (more of the study in
     ``study_dir`` if it holds one). ``total_steps`` per trial (default: the preset's), each run
     evaluated ``evaluations`` times; ``sets`` and ``config_file`` fix other settings as
     ``shoal train``'s ``--set`` and ``--config`` do. ``timeout_s`` stops starting trials after that
-    many seconds. Writes ``study.db``, ``trials.csv`` and ``best.yaml`` (the fixed and the best
-    searched settings: ``shoal train ALGO --env ENV --config best.yaml``) in ``study_dir``."""
+    many seconds. ``n_jobs`` processes run trials at once, sharing the study (each its share of
+    ``trials``; their samplers seeded ``seed``, ``seed + 1``, ...). Writes ``study.db``,
+    ``trials.csv`` and ``best.yaml`` (the fixed and the best searched settings: ``shoal train ALGO
+    --env ENV --config best.yaml``) in ``study_dir``."""
     try:
         import optuna
     except ImportError:
@@ -179,6 +182,9 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     _check(steps >= 1, "--total-steps must be at least 1")
     _check(evaluations >= 1, "--evaluations must be at least 1")
     _check(startup_trials >= 0, "--startup-trials must be 0 or more")
+    _check(isinstance(n_jobs, int) and n_jobs >= 1, "--n-jobs must be at least 1")
+    _check(n_jobs == 1 or base.backend == "local", "--n-jobs runs trials in processes of this machine, each its "
+           "own run; trials on the ray backend run one at a time (give --n-jobs 1)")
     budget = {"total_steps": steps, "eval_interval": max(1, steps // evaluations), "progress": False,
               "tensorboard": False, "seed": seed}
     for p in space:  # each value a trial can draw makes a valid config, checked before any trial runs
@@ -191,18 +197,75 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     record = {"algo": spec.name, "env": base.env, "space": {p.name: _spec_text(p) for p in space}, "sets": sets,
               "config": config_file, "total_steps": steps, "evaluations": evaluations, "seed": seed}
     _open_study_dir(where, record)
+    study = _load_study(where, seed, startup_trials, prune, steps)
+    job = {"algo": spec.name, "env": base.env, "space": record["space"], "sets": {**sets, **budget},
+           "config": config_file, "where": str(where), "seed": seed, "startup_trials": startup_trials,
+           "prune": prune, "steps": steps, "width": len(str(len(study.trials) + trials)),
+           "deadline": None if timeout_s is None else time.time() + timeout_s, "stderr": console.stderr}
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line below, not a traceback
+    jobs = min(n_jobs, trials)
+    console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps"
+                  + (f", {jobs} at a time" if jobs > 1 else "") + f", searching "
+                  f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
+                  soft_wrap=True)
+    # best.yaml stands alone: the config file's settings (not where its run was written), the --set ones
+    from_file = cfg.read_yaml(config_file) if config_file else {}
+    fixed = {k: v for k, v in from_file.items() if k not in ("algo", "run_dir")}
+    fixed.update(sets)
+    shares = [trials // jobs + (i < trials % jobs) for i in range(jobs)]
+    workers = _start_workers(job, shares[1:])
+    try:
+        _optimize(job, shares[0], 0, console)
+        failed = _join(workers)
+    except (trainer.Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
+        _join(workers, interrupt=True)
+        _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console)
+        raise trainer.Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
+                                  f"{where} runs more of them") from None
+    study = _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console)
+    if failed:
+        raise ShoalError(f"{failed} of the {jobs} processes running trials failed (their errors are above); the "
+                         f"study's trials so far are in {where}")
+    return study
+
+
+def _storage(where: Path) -> Any:
+    """The study's SQLite storage; processes that share it wait up to a minute for its lock."""
+    import optuna
+
+    return optuna.storages.RDBStorage(f"sqlite:///{where / 'study.db'}",
+                                      engine_kwargs={"connect_args": {"timeout": 60}})
+
+
+def _load_study(where: Path, seed: int, startup_trials: int, prune: bool, steps: int) -> Any:
+    """The study in ``where`` (made if new), with the TPE sampler seeded ``seed`` and its pruner."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line, not a traceback
     pruner = optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=steps // 3) if prune else (
         optuna.pruners.NopPruner())
-    study = optuna.create_study(study_name="shoal", storage=f"sqlite:///{where / 'study.db'}", direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials),
-                                pruner=pruner, load_if_exists=True)
-    width = len(str(len(study.trials) + trials))
+    return optuna.create_study(study_name="shoal", storage=_storage(where), direction="maximize",
+                               sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials),
+                               pruner=pruner, load_if_exists=True)
+
+
+def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) -> None:
+    """Run ``trials`` trials of the study ``job`` describes (:func:`tune` made it), as process
+    ``index`` of those sharing it: its sampler is seeded ``seed + index``, so that processes draw
+    different settings."""
+    import optuna
+
+    from shoal import algos, config as cfg, trainer
+
+    spec = algos.get(job["algo"])
+    space = search_space(spec.name, job["space"], spec.config_cls)
+    where, width = Path(job["where"]), job["width"]
+    study = _load_study(where, job["seed"] + index, job["startup_trials"], job["prune"], job["steps"])
 
     def objective(trial: Any) -> float:
         drawn = {p.name: p.suggest(trial) for p in space}
-        config = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets={**sets, **budget, **drawn})
+        config = cfg.build(spec.config_cls, spec.name, env=job["env"], file=job["config"],
+                           sets={**job["sets"], **drawn})
         run_dir = where / f"trial_{trial.number:04d}"
         reported: list[float] = []
 
@@ -237,20 +300,44 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
                       markup=False, highlight=False, soft_wrap=True)
         return value
 
-    console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps, searching "
-                  f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
-                  soft_wrap=True)
-    # best.yaml stands alone: the config file's settings (not where its run was written), the --set ones
-    from_file = cfg.read_yaml(config_file) if config_file else {}
-    fixed = {k: v for k, v in from_file.items() if k not in ("algo", "run_dir")}
-    fixed.update(sets)
+    timeout = None if job["deadline"] is None else max(0.0, job["deadline"] - time.time())
+    study.optimize(objective, n_trials=trials, timeout=timeout, catch=(TrialFailed,))
+
+
+def _worker(job: dict[str, Any], trials: int, index: int) -> None:
+    """A process of ``--n-jobs``: its share of the trials; Ctrl-C ends it as it ends the first."""
+    from shoal import trainer
+
     try:
-        study.optimize(objective, n_trials=trials, timeout=timeout_s, catch=(TrialFailed,))
-    except (trainer.Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
-        _write_results(study, where, fixed, space, console)
-        raise trainer.Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
-                          f"{where} runs more of them") from None
-    return _write_results(study, where, fixed, space, console)
+        _optimize(job, trials, index, Console(stderr=job["stderr"], soft_wrap=True))  # where the first one prints
+    except (trainer.Interrupted, KeyboardInterrupt):
+        pass
+
+
+def _start_workers(job: dict[str, Any], shares: list[int]) -> list[Any]:
+    """Processes running ``shares`` trials each (spawned: this process may hold threads)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_worker, args=(job, n, i + 1)) for i, n in enumerate(shares)]
+    for w in workers:
+        w.start()
+    return workers
+
+
+def _join(workers: list[Any], interrupt: bool = False) -> int:
+    """Wait for the worker processes; how many failed. ``interrupt``: this one was; a terminal's
+    Ctrl-C reached them too, and a worker still running a few seconds on gets a SIGINT, which
+    ends its trial as Ctrl-C does (its run saved)."""
+    import signal
+
+    for w in workers if interrupt else ():
+        w.join(5)
+        if w.is_alive():
+            os.kill(w.pid, signal.SIGINT)
+    for w in workers:
+        w.join()
+    return sum(w.exitcode != 0 for w in workers)
 
 
 class TrialFailed(Exception):

@@ -98,6 +98,8 @@ MISTAKES = [
     (["--param", "minibatch_size=[64, 100000]"], "minibatch_size 100000 is larger than a batch"),
     (["--param", "lr"], "--param expects NAME=SPEC"),
     (["--trials", "0"], "--trials must be at least 1"),
+    (["--n-jobs", "0"], "--n-jobs must be at least 1"),
+    (["--n-jobs", "2", "--set", "backend=ray"], "trials on the ray backend run one at a time"),
 ]
 
 
@@ -136,3 +138,22 @@ def test_the_python_api_returns_the_study(tmp_path):
     assert study.best_value == pytest.approx(float(rows(tmp_path / "s")[0]["value"]))
     # the fixed settings as a config file holds them (a class from Python: its import path)
     assert yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["env_wrappers"] == ["user_wrappers:ScaleReward"]
+
+
+def test_trials_run_in_several_processes_share_the_study_each_drawing_its_own_settings(tmp_path, capfd):
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "5", "--n-jobs", "2", *TRIAL, "--no-prune",
+                 "--param", "lr=log(1e-4, 1e-2)", "--study-dir", str(study)]) == 0
+    out = capfd.readouterr().out  # the second process's lines too, where the first prints them
+    assert "5 trials of 2,048 steps, 2 at a time" in out
+    assert sorted(line.split(":")[0] for line in out.splitlines() if ": eval return" in line and "best" not in line) == [
+        f"trial {n}" for n in range(5)]
+    trials = rows(study)
+    assert [t["trial"] for t in trials] == ["0", "1", "2", "3", "4"] and {t["state"] for t in trials} == {"complete"}
+    assert len({t["lr"] for t in trials}) == 5  # the processes' samplers are seeded apart
+    for t in trials:
+        ran = yaml.safe_load((study / f"trial_{int(t['trial']):04d}" / "config.yaml").read_text())
+        assert ran["lr"] == pytest.approx(float(t["lr"]))
+    assert yaml.safe_load((study / "best.yaml").read_text())["lr"] == pytest.approx(
+        float(max(trials, key=lambda t: float(t["value"]))["lr"]))
+
