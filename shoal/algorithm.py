@@ -441,6 +441,28 @@ class Algorithm:
             if len(faults["incarnations"]) == len(self.incarnations):
                 self.incarnations = faults["incarnations"]
 
+    def init_from(self, path: str | Path) -> Path:
+        """Start this new run's networks from a checkpoint (or run directory) of the same algorithm
+        (``--init-from``, rl-zoo's ``--trained-agent``): its policy and the algorithm's other networks
+        (critics, targets), with this run's settings, fresh optimisers, counters, random state and
+        an empty replay buffer. The env may differ where its spaces are the checkpoint's. Returns
+        the checkpoint used."""
+        self._check_running()
+        try:
+            path = ckpt.resolve(path)
+        except ShoalError as e:
+            raise ShoalError(f"--init-from: {e}") from None
+        meta = ckpt.read_meta(path)
+        if meta["algo"] != self.spec.name:
+            raise ShoalError(f"--init-from {path} is a checkpoint of {meta['algo']}, not {self.spec.name}: start "
+                             f"from it with `shoal train {meta['algo']} --init-from {path}`")
+        self._check_spaces(path)  # first: another env's spaces say more than the network shapes they make
+        self._check_network_fits(path, "start from it with the settings that shaped its network")
+        learner = ckpt.read_state(path)["learner"]
+        self.policy_version = self.backend.get(self.learner.call("load_networks", learner["weights"],
+                                                                 learner["extra"]))
+        return path
+
     def _check_spaces(self, path: Path) -> None:
         """Refuse a checkpoint written for other observations or actions than the env's now, though
         its network has the shapes these settings build: it would act on inputs laid out otherwise
@@ -452,7 +474,8 @@ class Algorithm:
         if misfit:
             raise ShoalError(f"checkpoint {path} does not fit {self.config.env}: {misfit}")
 
-    def _check_network_fits(self, path: Path) -> None:
+    def _check_network_fits(self, path: Path, advice: str = "resume with the run's own values for the settings "
+                                                                   "that shape the network") -> None:
         """Refuse, in one line and before any role loads it, a checkpoint whose network these
         settings do not build (``hidden_sizes``, ``dueling``, ``normalize_obs`` or the env's
         spaces changed since it was written), or one of another ``--encoder`` class (whose
@@ -462,7 +485,7 @@ class Algorithm:
         if encoder != self.config.encoder:
             raise ShoalError(f"checkpoint {path} holds a network with --encoder {encoder or '(none)'}, "
                              f"and these settings build one with --encoder {self.config.encoder or '(none)'}: "
-                             "resume with the run's own encoder")
+                             f"{advice}")
         here = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
         there = payload["weights"]
 
@@ -478,8 +501,7 @@ class Algorithm:
         raise ShoalError(
             f"checkpoint {path} holds a network these settings do not build ({wrong[0]}: "
             f"{shape(there, wrong[0])} in the checkpoint, {shape(here, wrong[0])} now); changed since it was "
-            f"written: {', '.join(changed) or 'none of the settings'}. Resume with the run's own values "
-            "for the settings that shape the network")
+            f"written: {', '.join(changed) or 'none of the settings'}; {advice}")
 
     def stop(self) -> None:
         """Release the roles (and Ray, if this run started it)."""
@@ -505,8 +527,16 @@ def config_from_dict(algo: str, values: dict[str, Any], source: str = "checkpoin
 
 
 def make(config: Any) -> Algorithm:
-    """Build an algorithm's roles from its config: ``algo = shoal.make(PPOConfig(env=...))``."""
-    return Algorithm(config)
+    """Build an algorithm's roles from its config: ``algo = shoal.make(PPOConfig(env=...))``; its
+    networks start from ``config.init_from``'s checkpoint where it names one."""
+    algo = Algorithm(config)
+    if config.init_from:
+        try:
+            algo.init_from(config.init_from)
+        except BaseException:
+            algo.stop()
+            raise
+    return algo
 
 
 def load(path: str | Path, **overrides: Any) -> Algorithm:

@@ -106,6 +106,12 @@ class Config:
     eval_max_steps: int = 10_000
     """An evaluation episode that has not ended after this many steps is cut there (an env with no
     time limit, such as CliffWalking-v1, would never end a poor policy's episode)."""
+    init_from: str | None = None
+    """Start the networks from this run directory's newest checkpoint (or this checkpoint), of the
+    same algorithm, with these settings (rl-zoo's --trained-agent, SB3's load then learn): its
+    policy and the algorithm's other networks (critics, targets, SAC's temperature); optimisers,
+    counters and the replay buffer start afresh. The env may differ where its spaces are the
+    checkpoint's; the settings that shape the network must be its own."""
     video_interval: int = 0
     """Record one episode of the current policy, as its evaluations play it (their first
     episode's seed, deterministic or not, eval_max_steps), to RUN_DIR/videos/step_N.mp4 every this
@@ -313,6 +319,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "env_wrapper": ("rl-zoo's", {"env_wrappers": " (the same list)"}),
     "wrapper_class": ("SB3's", {"env_wrappers": " (a list of them)"}),
     "info_keywords": ("SB3 Monitor's", {"episode_info": ""}),
+    "trained_agent": ("rl-zoo's", {"init_from": " (a run directory or checkpoint)"}),
     "capture_video": ("CleanRL's", {"video_interval": " (env steps between videos; 0: none)"}),
 }
 

@@ -172,6 +172,22 @@ class Learner:
         """Inverse of :meth:`extra_state`."""
         raise NotImplementedError
 
+    def load_networks(self, weights: dict[str, Any], extra: dict[str, Any]) -> int:
+        """Start from another run's networks (``--init-from``): its policy ``weights`` and, from its
+        :meth:`extra_state`, the networks beyond the policy; this run's optimisers, counters and
+        random state stay fresh. Published as the next version (runners and evaluators hold the
+        first); returns it."""
+        set_weights(self.policy, weights)
+        self.load_extra_networks(extra)
+        self.version += 1
+        self.publish()
+        return self.version
+
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        """The networks of :meth:`extra_state`'s ``extra`` beyond the policy (critics, targets), not
+        its optimisers' state."""
+        raise NotImplementedError
+
     def update(self, *rollouts: Rollout) -> UpdateResult:
         """Learn from the rollouts, publish version+1, and report metrics and episodes.
 

@@ -184,6 +184,9 @@ class OnPolicyLearner(Learner):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        """None: the policy holds the value function too."""
+
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
         critic (0 after termination; the true final observation's value after truncation)."""

@@ -19,7 +19,7 @@ from rich.progress import (BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.text import Text
 
 from shoal import checkpoint as ckpt
-from shoal.algorithm import EVAL_SEED_OFFSET, Algorithm, config_from_dict
+from shoal.algorithm import EVAL_SEED_OFFSET, Algorithm, config_from_dict, make
 from shoal.config import read_yaml
 from shoal.errors import RoleFailed, ShoalError
 from shoal.evaluator import VideoRecorder, format_returns
@@ -289,10 +289,12 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
                                  ("" if config.backend != "ray" else " (or set --max-failures)")) from None
             logging.getLogger("shoal").warning("a role failed (%s): restart %d of %d from the newest checkpoint",
                                                e, failures, config.max_failures)
-            algo = Algorithm(config)
             found = ckpt.checkpoints_in(run.path)
             if found:
+                algo = Algorithm(config)
                 algo.restore(found[-1])
+            else:  # failed before its first checkpoint: a new start, from --init-from's networks where given
+                algo = make(config)
             run.progress.truncate_after(algo.env_steps)
             run.evals.truncate_after(algo.env_steps)
         finally:
@@ -326,7 +328,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
     run = RunDir(path, config.tensorboard)
     try:
         _say_ray_starts(config, console, name)
-        algo = Algorithm(config)
+        algo = make(config)
     except BaseException:
         run.discard()  # a run that never started leaves nothing behind
         raise

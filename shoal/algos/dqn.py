@@ -190,7 +190,10 @@ class DQNLearner(OffPolicyLearner):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.target.load_state_dict(state["target"])
+        self.load_extra_networks(state)
+
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        self.target.load_state_dict(extra["target"])
 
 
 register(AlgoSpec("dqn", DQNConfig, DQNLearner, make_policy, "sync",

@@ -272,11 +272,15 @@ class SACLearner(OffPolicyLearner):
                 "log_alpha": self.log_alpha.detach().clone(), "optimizer": self.optimizer.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.critics.load_state_dict(state["critics"])
-        self.target_critics.load_state_dict(state["target_critics"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
+        self.load_extra_networks(state)
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        """The critics, their targets and the entropy temperature learned with them."""
+        self.critics.load_state_dict(extra["critics"])
+        self.target_critics.load_state_dict(extra["target_critics"])
+        with torch.no_grad():
+            self.log_alpha.copy_(extra["log_alpha"])
 
 
 register(AlgoSpec("sac", SACConfig, SACLearner, make_policy, "sync",

@@ -185,11 +185,14 @@ class TD3Learner(OffPolicyLearner):
                 "critic_opt": self.critic_optimizer.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.critics.load_state_dict(state["critics"])
-        self.target_critics.load_state_dict(state["target_critics"])
-        self.target_actor.load_state_dict(state["target_actor"])
+        self.load_extra_networks(state)
         self.actor_optimizer.load_state_dict(state["actor_opt"])
         self.critic_optimizer.load_state_dict(state["critic_opt"])
+
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        self.critics.load_state_dict(extra["critics"])
+        self.target_critics.load_state_dict(extra["target_critics"])
+        self.target_actor.load_state_dict(extra["target_actor"])
 
 
 register(AlgoSpec("td3", TD3Config, TD3Learner, make_policy, "sync",
