@@ -458,9 +458,10 @@ class Algorithm:
                              f"from it with `shoal train {meta['algo']} --init-from {path}`")
         self._check_spaces(path)  # first: another env's spaces say more than the network shapes they make
         self._check_network_fits(path, "start from it with the settings that shaped its network")
-        learner = ckpt.read_state(path)["learner"]
-        self.policy_version = self.backend.get(self.learner.call("load_networks", learner["weights"],
-                                                                 learner["extra"]))
+        weights = {k: v.numpy() for k, v in ckpt.read_policy(path)["weights"].items()}  # read without pickle
+        # the critics and targets are in the pickled training state: read as a resume reads it
+        extra = ckpt.read_state(path)["learner"]["extra"] if self.spec.learner_cls.EXTRA_NETWORKS else {}
+        self.policy_version = self.backend.get(self.learner.call("load_networks", weights, extra))
         return path
 
     def _check_spaces(self, path: Path) -> None:

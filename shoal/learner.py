@@ -183,6 +183,9 @@ class Learner:
         self.publish()
         return self.version
 
+    EXTRA_NETWORKS = True
+    """Whether the algorithm has networks beyond the policy (:meth:`load_extra_networks` reads them)."""
+
     def load_extra_networks(self, extra: dict[str, Any]) -> None:
         """The networks of :meth:`extra_state`'s ``extra`` beyond the policy (critics, targets), not
         its optimisers' state."""

@@ -184,8 +184,10 @@ class OnPolicyLearner(Learner):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
+    EXTRA_NETWORKS = False  # the policy holds the value function too
+
     def load_extra_networks(self, extra: dict[str, Any]) -> None:
-        """None: the policy holds the value function too."""
+        """None (see EXTRA_NETWORKS)."""
 
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
