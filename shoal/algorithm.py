@@ -457,7 +457,7 @@ class Algorithm:
             raise ShoalError(f"--init-from {path} is a checkpoint of {meta['algo']}, not {self.spec.name}: start "
                              f"from it with `shoal train {meta['algo']} --init-from {path}`")
         self._check_spaces(path)  # first: another env's spaces say more than the network shapes they make
-        self._check_network_fits(path, "start from it with the settings that shaped its network")
+        self._check_network_fits(path, "start from it")
         weights = {k: v.numpy() for k, v in ckpt.read_policy(path)["weights"].items()}  # read without pickle
         # the critics and targets are in the pickled training state: read as a resume reads it
         extra = ckpt.read_state(path)["learner"]["extra"] if self.spec.learner_cls.EXTRA_NETWORKS else {}
@@ -475,8 +475,7 @@ class Algorithm:
         if misfit:
             raise ShoalError(f"checkpoint {path} does not fit {self.config.env}: {misfit}")
 
-    def _check_network_fits(self, path: Path, advice: str = "resume with the run's own values for the settings "
-                                                                   "that shape the network") -> None:
+    def _check_network_fits(self, path: Path, doing: str = "resume") -> None:
         """Refuse, in one line and before any role loads it, a checkpoint whose network these
         settings do not build (``hidden_sizes``, ``dueling``, ``normalize_obs`` or the env's
         spaces changed since it was written), or one of another ``--encoder`` class (whose
@@ -486,7 +485,7 @@ class Algorithm:
         if encoder != self.config.encoder:
             raise ShoalError(f"checkpoint {path} holds a network with --encoder {encoder or '(none)'}, "
                              f"and these settings build one with --encoder {self.config.encoder or '(none)'}: "
-                             f"{advice}")
+                             f"{doing} with the run's own encoder")
         here = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
         there = payload["weights"]
 
@@ -502,7 +501,8 @@ class Algorithm:
         raise ShoalError(
             f"checkpoint {path} holds a network these settings do not build ({wrong[0]}: "
             f"{shape(there, wrong[0])} in the checkpoint, {shape(here, wrong[0])} now); changed since it was "
-            f"written: {', '.join(changed) or 'none of the settings'}; {advice}")
+            f"written: {', '.join(changed) or 'none of the settings'}. {doing.capitalize()} with the run's own values "
+            "for the settings that shape the network")
 
     def stop(self) -> None:
         """Release the roles (and Ray, if this run started it)."""
