@@ -991,7 +991,9 @@ def test_resume_of_a_checkpoint_inside_a_run_names_the_run_directory(capsys, tmp
             f"{inside} is not a shoal run directory (no config.yaml): it is inside the run directory {run}; "
             "give that"), err
     code, _, err = run_cli(capsys, "train", "--resume", str(tmp_path), "--total-steps", "128", *FAST)
-    assert code == 2 and err.strip().endswith(f"{tmp_path} is not a shoal run directory (no config.yaml)"), err
+    assert code == 2 and err.strip().endswith(f"{tmp_path} holds 1 run, not a run: give one of them (run)"), err
+    code, _, err = run_cli(capsys, "train", "--resume", str(tmp_path / "none"), "--total-steps", "128", *FAST)
+    assert code == 2 and err.strip().endswith(f"{tmp_path / 'none'} is not a shoal run directory (no config.yaml)"), err
 
 
 def test_a_run_that_fails_to_start_leaves_no_runs_directory_behind(capsys, tmp_path, monkeypatch):
