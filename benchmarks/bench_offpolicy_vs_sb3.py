@@ -16,6 +16,7 @@ runs from building the algorithm to the end of the evaluation that reaches the t
 `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
+        [--hidden-sizes 256 256]
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import torch
 from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 
-def shoal_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
+def shoal_updates_per_s(threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100, n: int = 300) -> float:
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.envs import env_spaces
     from shoal.runner import EnvRunner
     from shoal.weights import WeightStore
 
-    config = SACConfig(env="Pendulum-v1", torch_threads=threads, learning_starts=0)
+    config = SACConfig(env="Pendulum-v1", torch_threads=threads, learning_starts=0, hidden_sizes=tuple(hidden))
     store = WeightStore()
     learner = SACLearner(config, *env_spaces("Pendulum-v1"), store)
     learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))  # random actions
@@ -47,12 +48,12 @@ def shoal_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
     return n / (time.perf_counter() - start)
 
 
-def sb3_updates_per_s(threads: int, warmup: int = 100, n: int = 300) -> float:
+def sb3_updates_per_s(threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100, n: int = 300) -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
-                policy_kwargs={"net_arch": [256, 256]})
+                policy_kwargs={"net_arch": list(hidden)})
     model.learn(2000)  # fills the buffer with random actions, without training (learning_starts)
     model.train(gradient_steps=warmup, batch_size=256)
     start = time.perf_counter()
@@ -67,13 +68,13 @@ def in_turn(i: int) -> tuple[str, str]:
     return ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal")
 
 
-def updates_per_s(threads: int, pairs: int) -> tuple[list[float], list[float]]:
+def updates_per_s(threads: int, pairs: int, hidden: tuple[int, ...] = (256, 256)) -> tuple[list[float], list[float]]:
     """Each framework's updates/s in ``pairs`` fresh processes each, taken in turn."""
     measure = {"shoal": shoal_updates_per_s, "sb3": sb3_updates_per_s}
     got: dict[str, list[float]] = {"shoal": [], "sb3": []}
     for i in range(pairs):
         for name in in_turn(i):
-            got[name].append(isolated(measure[name], threads))
+            got[name].append(isolated(measure[name], threads, tuple(hidden)))
     return got["shoal"], got["sb3"]
 
 
@@ -107,20 +108,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=5, help="alternating processes per framework for updates/s")
     parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (2 minutes)")
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[256, 256],
+                        help="both sides' hidden layers for updates/s (SB3's default: 256 256)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result: dict = {"threads": args.threads}
+    result: dict = {"threads": args.threads, "hidden_sizes": args.hidden_sizes}
     print(f"machine: {machine()}; torch threads: {args.threads}")
-    ours_all, theirs_all = updates_per_s(args.threads, args.pairs)
+    ours_all, theirs_all = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes))
     ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
     pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
-    print(f"SAC updates/s (256x256, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
+    print(f"SAC updates/s ({'x'.join(map(str, args.hidden_sizes))}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
           f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2); pairs' ratios "
           f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
     result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
                                    "shoal_runs": ours_all, "sb3_runs": theirs_all}
     if args.only_updates:
-        save("offpolicy_updates", result)
+        save("offpolicy_updates" if args.hidden_sizes == [256, 256] else
+             f"offpolicy_updates_{'x'.join(map(str, args.hidden_sizes))}", result)
         return
     for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
