@@ -18,8 +18,8 @@ import torch
 from shoal import checkpoint as ckpt
 from shoal.algos import get, spec_for
 from shoal.backends import make_backend
-from shoal.config import merge, to_dict
-from shoal.envs import EnvOptions, all_spaces, describe_space, policy_misfit, space_from_description
+from shoal.config import eval_env_kwargs, merge, to_dict
+from shoal.envs import EnvOptions, all_spaces, describe_space, env_spaces, policy_misfit, space_from_description
 from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
 from shoal.learner import UpdateResult
@@ -44,6 +44,12 @@ class Algorithm:
         # the env's own observations, where shoal flattens them and a checkpoint can describe them:
         # deployments (the policy server) take those too, without making the env
         self.env_obs_space = own if isinstance(own, ONE_HOT_SPACES) else None
+        if getattr(config, "eval_env_kwargs", None):  # evaluations act with this policy on those envs
+            misfit = policy_misfit((self.obs_space, self.action_space),
+                                   env_spaces(config.env, eval_env_kwargs(config), EnvOptions.of(config)))
+            if misfit:
+                raise ShoalError(f"eval_env_kwargs {config.eval_env_kwargs} make envs the policy cannot act in: "
+                                 f"{misfit}")
         # Build the policy once here: a space the algorithm cannot handle fails with one line in
         # the driver, before any backend starts (on Ray it would fail inside an actor).
         try:

@@ -199,6 +199,7 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run),
 --env-kwargs KEY=VALUE ... (the env constructor's keyword arguments, as gym.make takes them:
 --env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs),
+--eval-env-kwargs KEY=VALUE ... (the evaluation envs' keyword arguments, over --env-kwargs; setting eval_env_kwargs),
 --encoder-kwargs KEY=VALUE ... (the --encoder class's keyword arguments; setting encoder_kwargs),
 --env-wrapper module:Name [KEY=VALUE ...] (a wrapper around every env, with its keyword arguments;
 repeat it for more, innermost first; setting env_wrappers)."""
@@ -211,6 +212,7 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--resume")
     pre.add_argument("--env", action="append")  # repeated: several remote:// env servers
     pre.add_argument("--env-kwargs", action="append", nargs="+", default=[])
+    pre.add_argument("--eval-env-kwargs", action="append", nargs="+", default=[])
     pre.add_argument("--encoder")  # with --encoder-kwargs, which a config checks against it
     pre.add_argument("--encoder-kwargs", action="append", nargs="+", default=[])
     pre.add_argument("--env-wrapper", "--env-wrappers", dest="env_wrapper", action="append", nargs="+", default=[])
@@ -259,6 +261,9 @@ def cmd_train(argv: list[str], console: Console) -> int:
     sets = cfg.parse_set([item for group in known.set for item in group])
     if known.env_kwargs:
         sets["env_kwargs"] = cfg.parse_set([item for group in known.env_kwargs for item in group], "--env-kwargs")
+    if known.eval_env_kwargs:
+        sets["eval_env_kwargs"] = cfg.parse_set([item for group in known.eval_env_kwargs for item in group],
+                                                "--eval-env-kwargs")
     if known.encoder:
         sets["encoder"] = known.encoder
     if known.encoder_kwargs:
@@ -437,11 +442,11 @@ def _evaluate_one(args: EvalArgs, path, video: str | None, console: Console) -> 
     from shoal.envs import EnvOptions, env_spaces, is_remote, make_vector_env, policy_misfit
     from shoal.evaluator import format_returns, record_episodes, run_episodes, watch_episodes
 
-    from shoal.config import parse_set
+    from shoal.config import eval_env_kwargs, parse_set
 
     env_id = args.env or ckpt.read_meta(path)["env"]
     policy = load_policy(path)
-    run_kwargs = dict(getattr(policy.config, "env_kwargs", None) or {})
+    run_kwargs = eval_env_kwargs(policy.config)  # as the run's evaluations made their envs
     if args.env_kwargs is not None:
         env_kwargs = parse_set(list(args.env_kwargs), "--env-kwargs")
     else:

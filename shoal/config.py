@@ -103,6 +103,11 @@ class Config:
     """Episodes per evaluation."""
     eval_deterministic: bool = True
     """Evaluate with the most likely action instead of a sampled one."""
+    eval_env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the evaluation envs' constructor, over env_kwargs (rl-zoo's
+    eval_env_kwargs): evaluations, videos and `shoal eval RUN_DIR` make their envs with them, to
+    judge a policy where it did not train (--eval-env-kwargs map_name=8x8). Their spaces must be
+    the training env's."""
     eval_max_steps: int = 10_000
     """An evaluation episode that has not ended after this many steps is cut there (an env with no
     time limit, such as CliffWalking-v1, would never end a poor policy's episode)."""
@@ -200,6 +205,8 @@ class Config:
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
+        _check("render_mode" not in self.eval_env_kwargs, "eval_env_kwargs cannot set render_mode: evaluations do "
+               "not render; --video-interval N and `shoal eval RUN_DIR --video DIR` record episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
         if self.encoder is not None:
@@ -216,7 +223,7 @@ class Config:
             from shoal.envs import check_env_id
 
             check_env_id(self.env)
-        elif self.env_kwargs:
+        elif self.env_kwargs or self.eval_env_kwargs:
             from shoal.envs import REMOTE_KWARGS
 
             raise ConfigError(REMOTE_KWARGS)
@@ -237,6 +244,12 @@ class Config:
 OWN_EPISODE_KEYS = {"count", "return_mean", "length_mean", "return_std", "episodes", "success_rate",
                     "policy_version"}
 """What shoal logs as episode/NAME and eval/NAME itself: --episode-info keys of these names are refused."""
+
+
+def eval_env_kwargs(config: Any) -> dict[str, Any]:
+    """The keyword arguments a run's evaluation envs are made with: its env_kwargs, then its
+    eval_env_kwargs over them (configs from before eval_env_kwargs have none)."""
+    return {**config.env_kwargs, **getattr(config, "eval_env_kwargs", {})}
 
 
 def check_episode_info(keys: tuple[str, ...], name: str) -> None:

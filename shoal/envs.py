@@ -319,8 +319,8 @@ def make_env(env_id: str, render_mode: str | None = None, kwargs: dict[str, Any]
         raise ShoalError(f"environment {env_id!r} could not be made{given}: {error_line(e)}") from e
 
 
-REMOTE_KWARGS = ("env_kwargs apply to envs made in this process; an env server makes its own: give them to "
-                 "`shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
+REMOTE_KWARGS = ("env_kwargs and eval_env_kwargs apply to envs made in this process; an env server makes its own: "
+                 "give them to `shoal serve-env ENV_ID --env-kwargs KEY=VALUE ...`")
 REMOTE_OPTIONS = ("frame_stack, info_action_mask and env_wrappers apply to envs made in this process; an env server "
                   "makes its own: give them to `shoal serve-env ENV_ID --frame-stack N --info-action-mask "
                   "--env-wrapper module:Name`")

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorEnv
 
+from shoal.config import eval_env_kwargs
 from shoal.envs import NO_OPTIONS, EnvOptions, error_line, file_name, headless, make_env, make_vector_env
 from shoal.errors import ShoalError
 from shoal.policy import PolicyModule, set_up_torch, set_weights
@@ -213,12 +214,12 @@ class VideoRecorder:
 
     def __init__(self, config: Any, out: Path, seed: int):
         self.config, self.out, self.seed = config, Path(out), seed
-        options = EnvOptions.of(config)
-        modes = _render_modes(config.env, config.env_kwargs, options)
+        options, kwargs = EnvOptions.of(config), eval_env_kwargs(config)
+        modes = _render_modes(config.env, kwargs, options)
         if "rgb_array" not in modes:
             raise ShoalError(f"video_interval: {config.env} cannot be recorded: its metadata's render_modes are "
                              f"{modes}, and videos need 'rgb_array' frames")
-        self.env = make_env(config.env, render_mode="rgb_array", kwargs=config.env_kwargs, options=options)
+        self.env = make_env(config.env, render_mode="rgb_array", kwargs=kwargs, options=options)
 
     def record(self, module: PolicyModule, env_steps: int) -> Path:
         """Play one episode with ``module`` and write it as ``step_{env_steps}.mp4``."""
@@ -297,7 +298,7 @@ class Evaluator:
             self.version, weights = got
             set_weights(self.policy, weights)
         if episodes not in self.envs:
-            self.envs[episodes] = make_vector_env(self.config.env, episodes, self.config.env_kwargs, self.options)
+            self.envs[episodes] = make_vector_env(self.config.env, episodes, eval_env_kwargs(self.config), self.options)
         result: dict[str, Any] = run_episodes(self.policy, self.envs[episodes], deterministic, seed,
                                               self.config.eval_max_steps, episodes, self.config.episode_info)
         result["eval/policy_version"] = self.version
