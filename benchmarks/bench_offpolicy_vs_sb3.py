@@ -117,14 +117,14 @@ def main() -> None:
     ours_all, theirs_all = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes))
     ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
     pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
-    print(f"SAC updates/s ({'x'.join(map(str, args.hidden_sizes))}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
+    size = "x".join(map(str, args.hidden_sizes))
+    print(f"SAC updates/s ({size}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
           f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2); pairs' ratios "
           f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
     result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
                                    "shoal_runs": ours_all, "sb3_runs": theirs_all}
     if args.only_updates:
-        save("offpolicy_updates" if args.hidden_sizes == [256, 256] else
-             f"offpolicy_updates_{'x'.join(map(str, args.hidden_sizes))}", result)
+        save("offpolicy_updates" if args.hidden_sizes == [256, 256] else f"offpolicy_updates_{size}", result)
         return
     for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):

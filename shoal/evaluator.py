@@ -97,7 +97,8 @@ def format_returns(*values: float) -> list[str]:
 def record_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
                     video_dir: str | Path, max_steps: int,
                     env_kwargs: dict[str, Any] | None = None,
-                    options: EnvOptions = NO_OPTIONS, info_keys: tuple[str, ...] = ()) -> tuple[list[Path], dict[str, float]]:
+                    options: EnvOptions = NO_OPTIONS,
+                    info_keys: tuple[str, ...] = ()) -> tuple[list[Path], dict[str, float]]:
     """Play ``episodes`` episodes one after another, writing each to ``video_dir`` as an mp4
     (each cut after ``max_steps`` steps if it has not ended); returns the paths and the
     statistics of these very episodes (so a stochastic evaluation reports what the videos show)."""

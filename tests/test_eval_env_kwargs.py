@@ -31,8 +31,8 @@ gym.register("ScaledCartPole-v0", entry_point=Scaled)
 def test_evaluations_and_shoal_eval_use_the_eval_kwargs_and_training_its_own(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "ppo", "--env", "ScaledCartPole-v0", "--env-kwargs", "scale=1.0", "--eval-env-kwargs",
-                 "scale=10", "--total-steps", "1024", "--rollout-steps", "32", "--eval-interval", "512", "--eval-episodes", "3",
-                 "--run-dir", str(run), "--no-progress", "--no-tensorboard"]) == 0
+                 "scale=10", "--total-steps", "1024", "--rollout-steps", "32", "--eval-interval", "512",
+                 "--eval-episodes", "3", "--run-dir", str(run), "--no-progress", "--no-tensorboard"]) == 0
     with open(run / "eval.csv") as f:
         evaluations = list(csv.DictReader(f))
     with open(run / "progress.csv") as f:

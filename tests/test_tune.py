@@ -146,8 +146,8 @@ def test_trials_run_in_several_processes_share_the_study_each_drawing_its_own_se
                  "--param", "lr=log(1e-4, 1e-2)", "--study-dir", str(study)]) == 0
     out = capfd.readouterr().out  # the second process's lines too, where the first prints them
     assert "5 trials of 2,048 steps, 2 at a time" in out
-    assert sorted(line.split(":")[0] for line in out.splitlines() if ": eval return" in line and "best" not in line) == [
-        f"trial {n}" for n in range(5)]
+    done = [line.split(":")[0] for line in out.splitlines() if ": eval return" in line and "best" not in line]
+    assert sorted(done) == [f"trial {n}" for n in range(5)]
     trials = rows(study)
     assert [t["trial"] for t in trials] == ["0", "1", "2", "3", "4"] and {t["state"] for t in trials} == {"complete"}
     assert len({t["lr"] for t in trials}) == 5  # the processes' samplers are seeded apart
