@@ -217,6 +217,7 @@ def _pre_parser(prog: str) -> argparse.ArgumentParser:
     pre.add_argument("--encoder-kwargs", action="append", nargs="+", default=[])
     pre.add_argument("--env-wrapper", "--env-wrappers", dest="env_wrapper", action="append", nargs="+", default=[])
     pre.add_argument("--seeds", nargs="+")  # one run per seed, in turn
+    pre.add_argument("--n-jobs", type=int)  # --seeds' runs at once
     return pre
 
 
@@ -290,8 +291,11 @@ def cmd_train(argv: list[str], console: Console) -> int:
     cls = type(base)
     config = _parse(cls, rest, f"shoal train {name}", default=base,
                     description=TRAIN_HELP.format(algo=name.upper()))
+    if known.n_jobs is not None and known.seeds is None:
+        raise ShoalError("--n-jobs runs --seeds' runs at once: give --seeds too (shoal tune takes --n-jobs for trials)")
     if known.seeds is not None:
-        return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console)
+        jobs = 1 if known.n_jobs is None else known.n_jobs
+        return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console, jobs)
     if known.resume:
         summary = trainer.resume(known.resume, config, console=console)
     else:
@@ -300,10 +304,12 @@ def cmd_train(argv: list[str], console: Console) -> int:
     return 0
 
 
-def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resume: bool, console: Console) -> int:
-    """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed, one after another, in DIR/seed_N
-    (DIR: --run-dir, or runs/ALGO-ENV-TIME-seeds); then the final evaluations over the seeds and a
-    plot of their mean (``shoal plot --aggregate``) in DIR/curves.png."""
+def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resume: bool, console: Console,
+                 jobs: int = 1) -> int:
+    """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed, one after another (``jobs``
+    at once, each in a process of its own: ``--n-jobs``), in DIR/seed_N (DIR: --run-dir, or
+    runs/ALGO-ENV-TIME-seeds); then the final evaluations over the seeds and a plot of their mean
+    (``shoal plot --aggregate``) in DIR/curves.png."""
     import dataclasses
     import statistics
     from pathlib import Path
@@ -328,12 +334,21 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
     taken = [parent / f"seed_{s}" for s in seeds if (parent / f"seed_{s}" / "config.yaml").exists()]
     if taken:
         raise ShoalError(f"{taken[0]} already holds a run: choose another --run-dir for these seeds")
-    summaries = []
-    for seed in seeds:
-        console.print(f"seed {seed} ({len(summaries) + 1} of {len(seeds)}): {parent / f'seed_{seed}'}", highlight=False)
-        run = dataclasses.replace(config, seed=seed, run_dir=None)
-        summaries.append(trainer.train(run, run_dir=parent / f"seed_{seed}", console=console))
-        _print_summary(summaries[-1], console)
+    if jobs < 1:
+        raise ShoalError(f"--n-jobs must be at least 1, got {jobs}")
+    if jobs > 1 and config.backend != "local":
+        raise ShoalError("--n-jobs runs seeds in processes of this machine; runs on the ray backend share its "
+                         "cluster one at a time (give --n-jobs 1)")
+    if jobs > 1:
+        summaries = _train_seeds_at_once(config, seeds, parent, min(jobs, len(seeds)), console)
+    else:
+        summaries = []
+        for seed in seeds:
+            console.print(f"seed {seed} ({len(summaries) + 1} of {len(seeds)}): {parent / f'seed_{seed}'}",
+                          highlight=False)
+            run = dataclasses.replace(config, seed=seed, run_dir=None)
+            summaries.append(trainer.train(run, run_dir=parent / f"seed_{seed}", console=console))
+            _print_summary(summaries[-1], console)
     finals = [s["eval_return_mean"] for s in summaries]
     mean, std, *each = format_returns(statistics.fmean(finals), statistics.pstdev(finals), *finals)
     solved = sum(s["solved"] for s in summaries)
@@ -344,6 +359,66 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
     console.print(f"plot of their mean: {plot_aggregate([s['run_dir'] for s in summaries], parent / 'curves.png')}",
                   highlight=False)
     return 0
+
+
+def _train_seed(config: Any, run_dir: str) -> dict[str, Any]:
+    """One seed's run of ``--seeds --n-jobs``, in a process of its own: its progress as plain lines
+    labelled with its seed (live bars of several processes would overwrite each other)."""
+    from rich.console import Console
+
+    from shoal import trainer
+    from shoal.algos import spec_for
+
+    console = Console(stderr=True, soft_wrap=True, force_terminal=False)
+    return trainer.train(config, run_dir=run_dir, console=console,
+                         label=f"{spec_for(config).name} {config.env} seed {config.seed}")
+
+
+def _train_seeds_at_once(config: Any, seeds: list[int], parent: Any, jobs: int, console: Console) -> list[dict]:
+    """``--seeds`` with ``--n-jobs``: the seeds' runs in ``jobs`` spawned processes, a run started
+    as one ends, each run's summary printed as it ends; their summaries in seed order. After a
+    run fails, or Ctrl-C (which ends each running run saved, as it ends one), no other starts."""
+    import dataclasses
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    from shoal.trainer import Interrupted
+
+    runs = {seed: parent / f"seed_{seed}" for seed in seeds}
+    console.print(f"{len(seeds)} seeds, {jobs} at a time: {', '.join(str(r) for r in runs.values())}", highlight=False)
+    summaries: dict[int, dict] = {}
+    pending, running, failure = list(seeds), {}, None
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        def start() -> None:  # one at a time: a run queued in the pool could not be taken back
+            seed = pending.pop(0)
+            running[pool.submit(_train_seed, dataclasses.replace(config, seed=seed, run_dir=None),
+                                str(runs[seed]))] = seed
+
+        while pending and len(running) < jobs:
+            start()
+        try:
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    seed = running.pop(future)
+                    if future.exception() is not None:
+                        failure = failure or (seed, future.exception())
+                        continue
+                    summaries[seed] = future.result()
+                    console.print(f"seed {seed} ({len(summaries)} of {len(seeds)} done):", highlight=False)
+                    _print_summary(summaries[seed], console)
+                while pending and failure is None and len(running) < jobs:
+                    start()
+        except KeyboardInterrupt:  # the running runs got it too: each saves and ends
+            wait(running)
+            raise Interrupted("interrupted; each seed's run that began saved a checkpoint: continue one with "
+                              f"shoal train --resume {parent}/seed_N") from None
+    if failure is not None:
+        seed, error = failure
+        if isinstance(error, ShoalError):
+            raise ShoalError(f"seed {seed}: {error}") from None
+        raise error
+    return [summaries[seed] for seed in seeds]
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:

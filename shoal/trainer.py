@@ -140,26 +140,28 @@ def _best_eval(run: RunDir) -> float:
 Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
 
 
-def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None) -> dict[str, Any]:
+def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None,
+        label: str | None = None) -> dict[str, Any]:
     """Train until ``total_steps``, ``stop_return`` or ``stop_time_s``; returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
     progress.csv, when it has one: see ``log_interval``, and its evaluation, when it has one:
     ``metrics`` then hold ``eval/return_mean`` and the rest of it); returning False ends the run
     there, as a stable-baselines3 callback's ``False`` does (the final evaluation, checkpoint and
-    plot as at any stop; the summary's ``stopped_by_callback`` says so)."""
+    plot as at any stop; the summary's ``stopped_by_callback`` says so). ``label`` names the run in
+    its progress bar (default: the algorithm and env)."""
     recorder = None
     if algo.config.video_interval:
         recorder = VideoRecorder(algo.config, run.path / "videos", algo.config.seed + EVAL_SEED_OFFSET)
     try:
-        return _fit(algo, run, console, callback, recorder)
+        return _fit(algo, run, console, callback, recorder, label)
     finally:
         if recorder is not None:
             recorder.close()
 
 
 def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None,
-         recorder: VideoRecorder | None) -> dict[str, Any]:
+         recorder: VideoRecorder | None, label: str | None) -> dict[str, Any]:
     """:func:`fit`'s loop, with its video recorder (None: no videos)."""
     c, console = algo.config, console or Console(stderr=True)
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
@@ -200,7 +202,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             algo.save(run.checkpoints / "best")
         return result
 
-    name = f"{algo.spec.name} {c.env}"
+    name = label or f"{algo.spec.name} {c.env}"
     last_video = every(c.video_interval, algo.env_steps)
     videos: list[Path] = []
 
@@ -268,7 +270,8 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             "videos": str(run.path / "videos") if videos else None}
 
 
-def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None) -> dict[str, Any]:
+def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None,
+                    label: str | None = None) -> dict[str, Any]:
     """:func:`fit`, restarted from the newest checkpoint when a role fails, up to --max-failures
     times (ray backend; a failure in-process is a bug, not a crash, and is raised)."""
     import logging
@@ -277,7 +280,7 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
     while True:
         try:
             with algo:
-                summary = fit(algo, run, console, callback)
+                summary = fit(algo, run, console, callback, label)
             summary["failures"] = failures
             return summary
         except RoleFailed as e:
@@ -315,9 +318,10 @@ def _say_ray_starts(config: Any, console: Console | None, name: str) -> None:
 
 
 def train(config: Any, run_dir: str | Path | None = None, console: Console | None = None,
-          callback: Callback | None = None) -> dict[str, Any]:
+          callback: Callback | None = None, label: str | None = None) -> dict[str, Any]:
     """Train ``config`` in a new run directory; returns the run summary. ``callback(algo, metrics)``
-    runs after every iteration; it ends the run by returning False."""
+    runs after every iteration; it ends the run by returning False. ``label`` names the run in its
+    progress bar (default: the algorithm and env)."""
     from shoal.algos import spec_for
 
     name = spec_for(config).name
@@ -339,7 +343,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
         run.release()
         raise
     try:
-        return _fit_restarting(algo, run, console, callback)
+        return _fit_restarting(algo, run, console, callback, label)
     except BaseException as e:
         # A run that failed before its first iteration (an env that breaks every time) holds
         # nothing to resume: leave nothing behind, so that it can be trained again once fixed.

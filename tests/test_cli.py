@@ -350,6 +350,27 @@ def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tm
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_seeds_run_at_once_with_n_jobs_give_the_runs_they_give_one_after_another(capsys, tmp_path):
+    lines = {}
+    for jobs in ("1", "2"):
+        runs = tmp_path / f"jobs{jobs}"
+        code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "3", "5", "7", "--n-jobs", jobs, "--total-steps",
+                               "512", "--run-dir", str(runs), *FAST)
+        assert code == 0, err
+        lines[jobs] = next(line for line in err.splitlines() if line.startswith("3 seeds: final eval return"))
+        for seed in (3, 5, 7):
+            assert yaml.safe_load((runs / f"seed_{seed}" / "config.yaml").read_text())["seed"] == seed
+    assert "3 seeds, 2 at a time:" in err and err.count(" done):") == 3
+    assert lines["2"] == lines["1"]  # each seed's run is its own in a process of its own: the same returns
+    for argv, message in ((["--n-jobs", "2"], "--n-jobs runs --seeds' runs at once: give --seeds too"),
+                          (["--seeds", "1", "2", "--n-jobs", "0"], "--n-jobs must be at least 1"),
+                          (["--seeds", "1", "2", "--n-jobs", "2", "--backend", "ray"], "runs on the ray backend")):
+        code, _, err = run_cli(capsys, "train", "ppo", *argv, "--total-steps", "64", "--run-dir",
+                               str(tmp_path / "refused"), *FAST)
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "refused").exists()
+
+
 def test_plot_of_runs_with_nothing_to_draw_fails_in_one_line_and_writes_nothing(capsys, tmp_path):
     import matplotlib.pyplot as plt
 
