@@ -422,8 +422,11 @@ def _train_seeds_at_once(config: Any, seeds: list[int], parent: Any, jobs: int, 
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:
-    status = ("[green]solved[/green]" if s["solved"] else "done" if not s.get("timed_out") else
-              f"stopped at --stop-time-s ({s['wall_s']:.1f} s of wall time, start-up and evaluations included)")
+    status = ("[green]solved[/green]" if s["solved"] else
+              f"stopped at --stop-time-s ({s['wall_s']:.1f} s of wall time, start-up and evaluations included)"
+              if s.get("timed_out") else
+              f"stopped at --stop-patience (the last {s['patience']} evaluations were no better)" if s.get("stalled")
+              else "done")
     from shoal.evaluator import format_returns
 
     success = f" (success {s['eval_success_rate']:.0%})" if s.get("eval_success_rate") is not None else ""

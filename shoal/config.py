@@ -79,6 +79,9 @@ class Config:
     --episode-info is_success score."""
     stop_return: float | None = None
     """Stop early once the mean evaluation return reaches this value."""
+    stop_patience: int | None = None
+    """Stop once this many evaluations in a row have not beaten the best evaluation's mean return
+    (stable-baselines3's StopTrainingOnNoModelImprovement); checkpoints/best keeps the best."""
     stop_time_s: float | None = None
     """Stop once the run's wall time (time/wall_s: sampling, learning, evaluations, checkpoints, and
     the sessions before a resume) reaches this many seconds; the run then evaluates and saves."""
@@ -203,6 +206,8 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
+        _check(self.stop_patience is None or self.stop_patience >= 1, "stop_patience must be at least 1 evaluation "
+               "(or None)")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check("render_mode" not in self.eval_env_kwargs, "eval_env_kwargs cannot set render_mode: evaluations do "
@@ -333,6 +338,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "wrapper_class": ("SB3's", {"env_wrappers": " (a list of them)"}),
     "info_keywords": ("SB3 Monitor's", {"episode_info": ""}),
     "trained_agent": ("rl-zoo's", {"init_from": " (a run directory or checkpoint)"}),
+    "max_no_improvement_evals": ("SB3's", {"stop_patience": ""}),
     "capture_video": ("CleanRL's", {"video_interval": " (env steps between videos; 0: none)"}),
 }
 

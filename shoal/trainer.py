@@ -132,9 +132,15 @@ def _progress(enabled: bool, console: Console, run_dir: Path) -> Progress | _Pro
         console=console, disable=not enabled, refresh_per_second=4, speed_estimate_period=10)
 
 
-def _best_eval(run: RunDir) -> float:
-    values = [float(r["eval/return_mean"]) for r in run.evals.rows() if r.get("eval/return_mean")]
-    return max(values, default=-math.inf)
+def _best_eval(run: RunDir, upto: int | None = None) -> tuple[float, int]:
+    """The best evaluation's mean return in the run so far (up to ``upto`` env steps), and how many
+    evaluations came after it."""
+    values = [float(r["eval/return_mean"]) for r in run.evals.rows() if r.get("eval/return_mean")
+              and (upto is None or float(r.get("env_steps") or 0) <= upto)]
+    if not values:
+        return -math.inf, 0
+    best = max(values)
+    return best, len(values) - 1 - values.index(best)
 
 
 Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
@@ -167,7 +173,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
     last_log = every(c.log_interval, algo.env_steps)
-    best, evaluation, solved, halted = _best_eval(run), None, False, False
+    (best, stale), evaluation, solved, halted = _best_eval(run), None, False, False
     saved: tuple[int, Path] | None = None  # (env_steps, path) of the newest periodic checkpoint
     logged = (algo.env_steps, algo.elapsed_s)  # env steps and training seconds at the last row
     unlogged: dict[str, Any] | None = None  # the newest iteration's metrics, if not written yet
@@ -194,13 +200,18 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
         return c.stop_time_s is not None and algo.wall_s >= c.stop_time_s
 
     def evaluate() -> dict[str, Any]:
-        nonlocal best
+        nonlocal best, stale
         result = algo.evaluate()
         run.log(result, evaluation=True)
         if result["eval/return_mean"] > best:
-            best = result["eval/return_mean"]
+            best, stale = result["eval/return_mean"], 0
             algo.save(run.checkpoints / "best")
+        else:
+            stale += 1
         return result
+
+    def stalled() -> bool:
+        return c.stop_patience is not None and stale >= c.stop_patience
 
     name = label or f"{algo.spec.name} {c.env}"
     last_video = every(c.video_interval, algo.env_steps)
@@ -216,7 +227,8 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
             advised = False  # once a run
-            while algo.env_steps < c.total_steps and not solved and not halted and not (ran and out_of_time()):
+            while (algo.env_steps < c.total_steps and not solved and not halted and not stalled()
+                   and not (ran and out_of_time())):
                 metrics, ran = algo.train(), True
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
@@ -265,8 +277,10 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
             "eval_success_rate": evaluation.get("eval/success_rate"),
             "solved": solved, "stopped_by_callback": halted,
-            "timed_out": not solved and not halted and algo.env_steps < c.total_steps and out_of_time(),
-            "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s,
+            "stalled": not solved and not halted and stalled(),
+            "timed_out": (not solved and not halted and not stalled() and algo.env_steps < c.total_steps
+                          and out_of_time()),
+            "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s, "patience": c.stop_patience,
             "videos": str(run.path / "videos") if videos else None}
 
 
@@ -405,6 +419,11 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
             if config.stop_time_s is not None and instance.wall_s >= config.stop_time_s:
                 raise ShoalError(f"{run_dir} already ran for {instance.wall_s:.0f} s of stop_time_s="
                                  f"{config.stop_time_s:g}: pass a larger --stop-time-s to train on")
+            stale = _best_eval(run, instance.env_steps)[1]
+            if config.stop_patience is not None and stale >= config.stop_patience:
+                raise ShoalError(f"{run_dir} already had {stale} evaluations in a row no better than its best, of "
+                                 f"stop_patience={config.stop_patience}: pass a larger --stop-patience (or --set "
+                                 "stop_patience=null) to train on")
             run.write_config(algo, config)  # only once the checkpoint took these settings
         except BaseException:
             instance.stop()

@@ -1,0 +1,51 @@
+"""``--stop-patience N`` (stable-baselines3's StopTrainingOnNoModelImprovement): a run stops once N
+evaluations in a row have not beaten its best; a resume counts the run's evaluations so far."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+import shoal
+from shoal.cli import main
+
+FAST = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "32",
+        "--minibatch-size", "64", "--eval-episodes", "2", "--eval-interval", "128", "--total-steps", "100000"]
+
+
+def returns(run):
+    with open(run / "eval.csv") as f:
+        return [float(row["eval/return_mean"]) for row in csv.DictReader(f)]
+
+
+def stale_runs(values):
+    """After each evaluation, how many in a row had not beaten the best before them."""
+    best, stale, out = float("-inf"), 0, []
+    for v in values:
+        best, stale = (v, 0) if v > best else (best, stale + 1)
+        out.append(stale)
+    return out
+
+
+def test_a_run_stops_at_the_first_evaluation_that_makes_n_in_a_row_no_better(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--stop-patience", "2", "--run-dir", str(run), *FAST]) == 0
+    err = capsys.readouterr().err
+    assert "stopped at --stop-patience (the last 2 evaluations were no better)" in err, err
+    stale = stale_runs(returns(run))
+    assert stale[-1] == 2 and max(stale[:-1]) < 2  # not before, and not after
+    summary_best = max(returns(run))
+    with shoal.load(run / "checkpoints" / "best") as best:  # the best evaluation's policy is kept
+        assert best.env_steps == 128 * (returns(run).index(summary_best) + 1)
+    # a resume with the same patience has nothing to do; with more, it trains on and counts those two
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert "already had 2 evaluations in a row no better than its best" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--stop-patience", "3", "--no-progress"]) == 0
+    stale = stale_runs(returns(run))
+    assert (stale[-1] == 3 or "solved" in capsys.readouterr().err) and max(stale[:-1]) < 3
+
+
+def test_patience_must_be_a_whole_evaluation():
+    with pytest.raises(shoal.ConfigError, match="stop_patience must be at least 1 evaluation"):
+        shoal.make_config("ppo", stop_patience=0)
