@@ -144,6 +144,22 @@ def resolve(path: str | Path) -> Path:
     raise ShoalError(runs_held(p) or f"no complete checkpoint in {p} (looked in {p / 'checkpoints'})")
 
 
+def resolve_best(path: str | Path) -> Path:
+    """The ``best`` checkpoint of a run directory (or of its ``checkpoints`` directory): the one
+    with the best evaluation return so far (rl-zoo's --load-best)."""
+    p = Path(path)
+    if p.name == "checkpoints" and not (p / "checkpoints").is_dir():
+        p = p.parent
+    if is_checkpoint(p / "checkpoints" / "best"):
+        return p / "checkpoints" / "best"
+    if is_checkpoint(p):
+        raise ShoalError(f"--best takes a run directory, and {p} is a checkpoint: give its run's directory, or "
+                         "leave --best out to use this checkpoint")
+    if not (p / "config.yaml").is_file():
+        resolve(p)  # says what p is instead: missing, a study, a directory of runs
+    raise ShoalError(f"{p} holds no best checkpoint yet: its run writes one at the first evaluation")
+
+
 def _read(path: Path, name: str, reader: Any) -> Any:
     """``reader(file)`` for a checkpoint's file, or a ShoalError naming it. Checkpoints are written
     whole, so a file that cannot be read was damaged since (a copy cut short, a disk error) or

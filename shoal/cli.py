@@ -447,6 +447,9 @@ class EvalArgs:
 
     path: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR_OR_CHECKPOINT")]
     """A run directory (its newest checkpoint) or a checkpoint directory."""
+    best: bool = False
+    """Evaluate the run's best checkpoint (the best evaluation so far) instead of its newest
+    (rl-zoo's --load-best)."""
     episodes: int = 10
     """Number of episodes."""
     video: str | None = None
@@ -495,14 +498,14 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     where = Path(args.path)
     runs = [] if is_study(where) else ckpt.runs_in(where)  # a study names its best trial instead
     if not runs:
-        _evaluate_one(args, ckpt.resolve(args.path), args.video, console)
+        _evaluate_one(args, (ckpt.resolve_best if args.best else ckpt.resolve)(args.path), args.video, console)
         return 0
     # A directory of runs (`shoal train --seeds`' DIR, runs/): each run's newest checkpoint, then
     # their returns over the runs where they share an env
     means, envs = [], set()
     for run in runs:
         video = str(Path(args.video) / run.name) if args.video else None
-        env_id, result = _evaluate_one(args, ckpt.resolve(run), video, console)
+        env_id, result = _evaluate_one(args, (ckpt.resolve_best if args.best else ckpt.resolve)(run), video, console)
         means.append(result["eval/return_mean"])
         envs.add(env_id)
     if len(envs) == 1:
@@ -572,6 +575,8 @@ class ExportArgs:
     """A run directory (its newest checkpoint) or a checkpoint directory."""
     out: str = "policy.onnx"
     """The file to write."""
+    best: bool = False
+    """Export the run's best checkpoint (the best evaluation so far) instead of its newest."""
 
 
 def cmd_export(argv: list[str], console: Console) -> int:
@@ -579,7 +584,7 @@ def cmd_export(argv: list[str], console: Console) -> int:
     from shoal.algorithm import load_policy
 
     args = _parse(ExportArgs, argv, "shoal export")
-    path = ckpt.resolve(args.path)
+    path = (ckpt.resolve_best if args.best else ckpt.resolve)(args.path)
     policy = load_policy(path)
     report = policy.export_onnx(args.out)
     show = lambda name, shape, dtype: f"{name} [N{''.join(f', {d}' for d in shape)}] {dtype}"  # noqa: E731

@@ -38,6 +38,17 @@ def test_a_run_stops_at_the_first_evaluation_that_makes_n_in_a_row_no_better(tmp
     summary_best = max(returns(run))
     with shoal.load(run / "checkpoints" / "best") as best:  # the best evaluation's policy is kept
         assert best.env_steps == 128 * (returns(run).index(summary_best) + 1)
+    # `shoal eval --best` (rl-zoo's --load-best) and `shoal export --best` take that one, not the newest
+    capsys.readouterr()
+    assert main(["eval", str(run), "--best", "--episodes", "1"]) == 0
+    assert f"checkpoint {run / 'checkpoints' / 'best'}, policy version " in capsys.readouterr().out
+    assert main(["export", str(run), "--best", "--out", str(tmp_path / "best.onnx")]) == 0
+    assert (tmp_path / "best.onnx").stat().st_size > 0
+    for path, message in ((run / "checkpoints" / "best", "--best takes a run directory"),
+                          (tmp_path / "nowhere", "does not exist")):
+        assert main(["eval", str(path), "--best"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
     # a resume with the same patience has nothing to do; with more, it trains on and counts those two
     assert main(["train", "--resume", str(run), "--no-progress"]) == 2
     assert "already had 2 evaluations in a row no better than its best" in capsys.readouterr().err
