@@ -197,6 +197,7 @@ Settings come from, in rising priority: the defaults below, the shipped preset f
 (repeatable; values read as YAML), and the flags below.
 
 Also: --config FILE.yaml, --set key=value ..., --resume RUN_DIR (continue that run),
+--seeds S ... (a run per seed, in DIR/seed_S, then their mean; --n-jobs N trains N at once),
 --env-kwargs KEY=VALUE ... (the env constructor's keyword arguments, as gym.make takes them:
 --env-kwargs is_slippery=false map_name=8x8; values read as YAML; setting env_kwargs),
 --eval-env-kwargs KEY=VALUE ... (the evaluation envs' keyword arguments, over --env-kwargs; setting eval_env_kwargs),
@@ -500,7 +501,7 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     if not runs:
         _evaluate_one(args, (ckpt.resolve_best if args.best else ckpt.resolve)(args.path), args.video, console)
         return 0
-    # A directory of runs (`shoal train --seeds`' DIR, runs/): each run's newest checkpoint, then
+    # A directory of runs (`shoal train --seeds`' DIR, runs/): each run's newest (or best) checkpoint, then
     # their returns over the runs where they share an env
     means, envs = [], set()
     for run in runs:

@@ -148,7 +148,7 @@ Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
 
 def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None,
         label: str | None = None) -> dict[str, Any]:
-    """Train until ``total_steps``, ``stop_return`` or ``stop_time_s``; returns a summary of the run.
+    """Train until ``total_steps``, ``stop_return``, ``stop_patience`` or ``stop_time_s``; returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
     progress.csv, when it has one: see ``log_interval``, and its evaluation, when it has one:
