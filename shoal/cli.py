@@ -609,6 +609,10 @@ class PlotArgs:
     aggregate: bool = False
     """Runs of the same settings (other seeds) as one curve: the mean of their evaluations with a
     band of one standard deviation, each group labelled by the settings that differ."""
+    metric: str | None = None
+    """Draw this column of the runs' metrics instead of their returns: eval.csv's for eval/...
+    (eval/length_mean, eval/success_rate, eval/KEY of --episode-info), else progress.csv's
+    (episode/length_mean, loss/value, learner/approx_kl, ...)."""
 
 
 def cmd_plot(argv: list[str], console: Console) -> int:
@@ -632,7 +636,11 @@ def cmd_plot(argv: list[str], console: Console) -> int:
         out = str(Path(args.runs[0]) / ("curve.png" if runs == [Path(args.runs[0])] else "curves.png"))
     else:
         out = "curves.png"
-    console.print(f"wrote {(plot_aggregate if args.aggregate else plot_runs)(runs, out)}")
+    if args.aggregate:
+        written = plot_aggregate(runs, out, args.metric or "eval/return_mean")
+    else:
+        written = plot_runs(runs, out, args.metric)
+    console.print(f"wrote {written}")
     return 0
 
 

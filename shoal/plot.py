@@ -81,46 +81,67 @@ def save_figure(fig, out: str | Path, dpi: int = 110) -> Path:
     return out
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
-    """Write a PNG with return vs env steps and vs wall time for each run; returns its path."""
+def metric_file(metric: str) -> str:
+    """The metrics file of a run that holds ``metric``: eval.csv for ``eval/...``, else progress.csv."""
+    return "eval.csv" if metric.startswith("eval/") else "progress.csv"
+
+
+def _no_metric(runs: list[Path], metric: str) -> ShoalError:
+    """The error for a ``metric`` no run logged, naming the ones its file holds."""
+    file = metric_file(metric)
+    held = next((read_rows(r / file)[0].keys() for r in runs if (r / file).exists() and read_rows(r / file)), [])
+    names = [k for k in held if k not in ("iteration", "env_steps") and not k.startswith("time/")]
+    return ShoalError(f"no run has logged {metric} yet" + (f"; their {file} holds {', '.join(names)}" if names else ""))
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path, metric: str | None = None) -> Path:
+    """Write a PNG with return (or ``metric``, a column of progress.csv or eval.csv) vs env steps
+    and vs wall time for each run; returns its path."""
     # (run index, panel, run, training curve, evaluation curve), all read before a figure exists
     curves = []
-    for i, run in enumerate(map(Path, run_dirs)):
+    runs = [Path(r) for r in run_dirs]
+    for i, run in enumerate(runs):
         if not (run / "progress.csv").exists():
             raise ShoalError(f"{run} has no progress.csv: is it a shoal run directory?")
         for panel, x in enumerate(("env_steps", "time/wall_s")):
-            curves.append((i, panel, run, _read(run / "progress.csv", x, "episode/return_mean"),
-                           _read(run / "eval.csv", x, "eval/return_mean")))
+            if metric is None:
+                curves.append((i, panel, run, _read(run / "progress.csv", x, "episode/return_mean"),
+                               _read(run / "eval.csv", x, "eval/return_mean")))
+            else:  # one curve a run, drawn as the evaluations are
+                curves.append((i, panel, run, ([], []), _read(run / metric_file(metric), x, metric)))
     if not any(train[0] or evals[0] for *_, train, evals in curves):
+        if metric is not None:
+            raise _no_metric(runs, metric)
         raise ShoalError("nothing to plot yet: the runs have no episodes logged")
     import matplotlib
 
-    fig, axes = steps_and_time_axes("episode return")
-    runs = len(run_dirs)
-    many = runs > MANY_RUNS  # a study's trials, say: a colour of its own and one legend entry per run
-    colors = matplotlib.colormaps["tab20" if runs <= 20 else "turbo"].resampled(max(runs, 2)) if many else None
+    fig, axes = steps_and_time_axes(metric or "episode return")
+    many = len(runs) > MANY_RUNS  # a study's trials, say: a colour of its own and one legend entry per run
+    palette = matplotlib.colormaps["tab20" if len(runs) <= 20 else "turbo"]
+    colors = palette.resampled(max(len(runs), 2)) if many else None
     for i, panel, run, (tx, ty), (ex, ey) in curves:
         ax, color = axes[panel], colors(i) if many else f"C{i % 10}"
         if tx:
             label = None if many and ex else run.name if many else f"{run.name} (train, last 100 episodes)"
             ax.plot(tx, ty, color=color, alpha=0.45, lw=1, label=label)
         if ex:
-            ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=run.name if many else f"{run.name} (eval)")
+            label = run.name if many or metric else f"{run.name} (eval)"
+            ax.plot(ex, ey, color=color, marker="o", ms=3, lw=1.8, label=label)
     if many:  # beside the panels, in columns of up to 25: faint lines are training, dotted ones evaluations
-        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=(runs + 24) // 25,
-                       title="eval (faint: train)", title_fontsize=7)
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=(len(runs) + 24) // 25,
+                       title=metric or "eval (faint: train)", title_fontsize=7)
     else:
         axes[0].legend(fontsize=7, loc="best")
     return save_figure(fig, out)
 
 
-def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:
+def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "eval/return_mean") -> Path:
     """Runs grouped by their settings (config.yaml but for :data:`NOT_SETTINGS`), each group drawn
-    as the mean of its runs' evaluation returns with a band of one standard deviation, against env
-    steps and against wall time. Each run's curve is read at every evaluation point of the group
-    (linearly between its own, its last value held after it ended: a run stopped by
-    ``stop_return`` keeps the return it stopped at). A group is labelled by the settings that
-    differ between groups."""
+    as the mean of its runs' evaluation returns (or ``metric``, a column of eval.csv or
+    progress.csv) with a band of one standard deviation, against env steps and against wall time.
+    Each run's curve is read at every point of the group (linearly between its own, its last value
+    held after it ended: a run stopped by ``stop_return`` keeps the return it stopped at). A group
+    is labelled by the settings that differ between groups."""
     import matplotlib
     import numpy as np
     import yaml
@@ -141,7 +162,7 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:
     for g, members in enumerate(groups.values()):
         panels = []
         for x in ("env_steps", "time/wall_s"):
-            runs = [_read(run / "eval.csv", x, "eval/return_mean") for run, _ in members]
+            runs = [_read(run / metric_file(metric), x, metric) for run, _ in members]
             if any(not xs for xs, _ in runs):
                 break
             grid = np.unique(np.concatenate([xs for xs, _ in runs]))
@@ -150,8 +171,11 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path) -> Path:
         if len(panels) == 2:
             curves.append((g, _group_label(members[0][1], differ, len(members)), panels))
     if not curves:
+        if metric != "eval/return_mean":
+            raise _no_metric([run for members in groups.values() for run, _ in members], metric)
         raise ShoalError("nothing to plot yet: every group has a run without evaluations logged")
-    fig, axes = steps_and_time_axes("eval return (mean ± std over runs)")
+    label = "eval return" if metric == "eval/return_mean" else metric
+    fig, axes = steps_and_time_axes(f"{label} (mean ± std over runs)")
     colors = matplotlib.colormaps["tab10" if len(groups) <= 10 else "turbo"].resampled(max(len(groups), 2))
     for g, label, panels in curves:
         for ax, (x, mean, std) in zip(axes, panels):

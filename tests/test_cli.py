@@ -319,6 +319,39 @@ def test_plot_aggregate_draws_each_settings_mean_over_its_seeds_labelled_by_what
     assert "lr0.001-s1 has no config.yaml" in capsys.readouterr().err
 
 
+def test_plot_metric_draws_a_column_of_either_metrics_file_and_names_the_columns_when_absent(tmp_path, monkeypatch,
+                                                                                             capsys):
+    import matplotlib.pyplot as plt
+
+    from shoal import plot
+
+    runs = tmp_path / "runs"
+    for seed, scores, losses in ((0, [1, 3], [0.5, 0.25, 0.125]), (1, [3, 7], [0.75, 0.5, 0.25])):
+        run = runs / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(f"algo: ppo\nenv: CartPole-v1\nseed: {seed}\n")
+        (run / "progress.csv").write_text("env_steps,time/wall_s,episode/return_mean,loss/value\n"
+                                          + "".join(f"{50 * (i + 1)},{i},9,{v}\n" for i, v in enumerate(losses)))
+        (run / "eval.csv").write_text("env_steps,time/wall_s,eval/return_mean,eval/score\n"
+                                      + "".join(f"{100 * (i + 1)},{i},9,{v}\n" for i, v in enumerate(scores)))
+    drawn = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, out: (drawn.append(fig), plt.close(fig), out)[-1])
+    assert main(["plot", str(runs / "s0"), "--metric", "loss/value"]) == 0  # progress.csv's column
+    steps = drawn[-1].axes[0]
+    assert [list(line.get_ydata()) for line in steps.lines] == [[0.5, 0.25, 0.125]]
+    assert steps.get_ylabel() == "loss/value"
+    assert main(["plot", str(runs), "--metric", "eval/score", "--aggregate"]) == 0  # eval.csv's, over the seeds
+    steps = drawn[-1].axes[0]
+    assert [list(line.get_ydata()) for line in steps.lines] == [[2, 5]]
+    assert steps.get_ylabel() == "eval/score (mean ± std over runs)"
+    capsys.readouterr()
+    for extra in ([], ["--aggregate"]):
+        assert main(["plot", str(runs), "--metric", "eval/absent", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == ("shoal: error: no run has logged eval/absent yet; their eval.csv holds "
+                               "eval/return_mean, eval/score"), err
+
+
 def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tmp_path):
     runs = tmp_path / "seeds"
     code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "3", "5", "--total-steps", "256", "--run-dir", str(runs),
