@@ -148,11 +148,12 @@ def _render(env: gym.Env, env_id: str) -> np.ndarray:
 
 
 def _play(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int,
-          max_steps: int, on_episode: Callable[[int, list[np.ndarray]], None] | None = None,
+          max_steps: int, video: Callable[[int], EpisodeVideo] | None = None,
           info_keys: tuple[str, ...] = ()) -> dict[str, float]:
     """Play ``episodes`` episodes one after another (episode i from seed ``seed + i``, each cut
-    after ``max_steps`` steps) and return their statistics. With ``on_episode``, every step's frame
-    is rendered, and it gets (i, the frames) as each episode ends."""
+    after ``max_steps`` steps) and return their statistics. With ``video``, every step's frame is
+    rendered into ``video(i)``'s file as it comes (an Atari episode's frames held until its end
+    would take a gigabyte)."""
     generator = torch.Generator().manual_seed(seed)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, np.int64)
     successes, reports = np.zeros(episodes), False
@@ -160,23 +161,30 @@ def _play(env: gym.Env, module: PolicyModule, env_id: str, episodes: int, determ
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
         module.reset_memory(1)
-        frames, done = [_render(env, env_id)] if on_episode else [], False
-        while not done and lengths[i] < max_steps:
-            a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
-            obs, r, term, trunc, info = env.step(module.to_env(a)[0])
-            returns[i] += r
-            lengths[i] += 1
-            if on_episode:
-                frames.append(_render(env, env_id))
-            done = term or trunc
-            reports = reports or "is_success" in info
-            if done and "is_success" in info:
-                successes[i] = float(info["is_success"])
+        recording, done = video(i) if video else None, False
+        try:
+            if recording:
+                recording.add(_render(env, env_id))
+            while not done and lengths[i] < max_steps:
+                a = module.act(module.normalize(torch.as_tensor(obs[None])), deterministic, generator)
+                obs, r, term, trunc, info = env.step(module.to_env(a)[0])
+                returns[i] += r
+                lengths[i] += 1
+                if recording:
+                    recording.add(_render(env, env_id))
+                done = term or trunc
+                reports = reports or "is_success" in info
+                if done and "is_success" in info:
+                    successes[i] = float(info["is_success"])
+            if recording:
+                recording.finish()
+        except BaseException:
+            if recording:
+                recording.abort()
+            raise
         for key, values in infos.items() if done else ():  # an episode cut at max_steps gave no last step
             if key in info and (value := info_number(info[key])) is not None:
                 values.append(value)
-        if on_episode:
-            on_episode(i, frames)
     return episode_stats(returns, lengths, successes if reports else None, infos)
 
 
@@ -185,27 +193,43 @@ def _play_and_write(env: gym.Env, module: PolicyModule, env_id: str, episodes: i
     """:func:`record_episodes`' episodes, each written to ``out`` as it ends."""
     fps = env.metadata.get("render_fps", 30)
     paths: list[Path] = []
-
-    def write(i: int, frames: list[np.ndarray]) -> None:
-        paths.append(_write_episode(out / f"{file_name(env_id)}-episode-{i}.mp4", frames, fps))
-
-    stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps, write, info_keys)
+    stats = _play(env, module, env_id, episodes, deterministic, seed, max_steps,
+                  lambda i: EpisodeVideo(out / f"{file_name(env_id)}-episode-{i}.mp4", fps, paths), info_keys)
     return paths, stats
 
 
-@torch.no_grad()
-def _write_episode(path: Path, frames: list[np.ndarray], fps: float) -> Path:
-    """An episode's frames as the mp4 ``path``, written under a temporary name and renamed."""
-    tmp = path.with_suffix(".tmp.mp4")
-    try:
-        write_mp4(tmp, frames, fps)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):  # PyAV's file errors are OSErrors too
-            raise ShoalError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
-    tmp.replace(path)
-    return path
+class EpisodeVideo:
+    """One episode's mp4, its frames encoded as they come, under a temporary name until
+    :meth:`finish` renames it to ``path`` (and appends that to ``written``); :meth:`abort` leaves
+    nothing."""
+
+    def __init__(self, path: Path, fps: float, written: list[Path] | None = None):
+        self.path, self.tmp, self.written = path, path.with_suffix(".tmp.mp4"), written
+        self.writer = Mp4Writer(self.tmp, fps)
+
+    def add(self, frame: np.ndarray) -> None:
+        self._guard(self.writer.add, frame)
+
+    def finish(self) -> Path:
+        self._guard(self.writer.close)
+        self.tmp.replace(self.path)
+        if self.written is not None:
+            self.written.append(self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:  # the file is going: what it holds no longer matters
+            pass
+        self.tmp.unlink(missing_ok=True)
+
+    def _guard(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            call(*args)
+        except OSError as e:  # PyAV's file errors are OSErrors too
+            self.abort()
+            raise ShoalError(f"cannot write {self.path}: {e.strerror or e}") from None
 
 
 class VideoRecorder:
@@ -227,14 +251,16 @@ class VideoRecorder:
         self.out.mkdir(exist_ok=True)
         path, fps = self.out / f"step_{env_steps:09d}.mp4", self.env.metadata.get("render_fps", 30)
         c = self.config
-        _play(self.env, module, c.env, 1, c.eval_deterministic, self.seed, c.eval_max_steps,
-              lambda i, frames: _write_episode(path, frames, fps))
+        with torch.no_grad():
+            _play(self.env, module, c.env, 1, c.eval_deterministic, self.seed, c.eval_max_steps,
+                  lambda i: EpisodeVideo(path, fps))
         return path
 
     def close(self) -> None:
         self.env.close()
 
 
+@torch.no_grad()
 def watch_episodes(module: PolicyModule, env_id: str, episodes: int, deterministic: bool, seed: int, max_steps: int,
                    env_kwargs: dict[str, Any] | None = None, options: EnvOptions = NO_OPTIONS,
                    info_keys: tuple[str, ...] = ()) -> dict[str, float]:
@@ -258,24 +284,50 @@ def watch_episodes(module: PolicyModule, env_id: str, episodes: int, determinist
         env.close()
 
 
-def write_mp4(path: str | Path, frames: list[np.ndarray], fps: float) -> None:
-    """Encode RGB frames (height, width, 3) to an H.264 mp4 in this process, with PyAV.
+class Mp4Writer:
+    """RGB frames (height, width, 3) encoded into an H.264 mp4 in this process as they come, with
+    PyAV; the size is the first frame's.
 
     In-process, not by piping to an ffmpeg child: forking a process that holds gRPC, Ray and torch
     threads is what the fork-based writers (imageio-ffmpeg) risk, and one CI run lost a video so.
     H.264's 4:2:0 colour needs even sides: an odd one is padded by repeating its last row or column.
     """
-    import av
 
-    h, w = frames[0].shape[:2]
-    pad = ((0, h % 2), (0, w % 2), (0, 0))
-    with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
-        stream.width, stream.height, stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
+    def __init__(self, path: str | Path, fps: float):
+        self.path, self.fps = str(path), fps
+        self.container = self.stream = None
+
+    def add(self, frame: np.ndarray) -> None:
+        import av
+
+        h, w = frame.shape[:2]
+        if self.container is None:
+            self.container = av.open(self.path, mode="w", format="mp4")
+            self.stream = self.container.add_stream("libx264", rate=Fraction(self.fps).limit_denominator(1001))
+            self.stream.width, self.stream.height, self.stream.pix_fmt = w + w % 2, h + h % 2, "yuv420p"
+        rgb = np.ascontiguousarray(np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+                                   if h % 2 or w % 2 else frame)
+        self.container.mux(self.stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
+
+    def close(self) -> None:
+        """Flush the encoder's delayed frames and close the file (once; a writer given no frame
+        writes none)."""
+        container, self.container = self.container, None
+        if container is not None:
+            try:
+                container.mux(self.stream.encode())
+            finally:
+                container.close()
+
+
+def write_mp4(path: str | Path, frames: list[np.ndarray], fps: float) -> None:
+    """Encode RGB frames (height, width, 3) to an H.264 mp4 (see :class:`Mp4Writer`)."""
+    writer = Mp4Writer(path, fps)
+    try:
         for frame in frames:
-            rgb = np.ascontiguousarray(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")))
-        container.mux(stream.encode())  # flush the encoder's delayed frames
+            writer.add(frame)
+    finally:
+        writer.close()
 
 
 class Evaluator:

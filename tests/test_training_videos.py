@@ -75,3 +75,44 @@ def test_an_env_with_no_frames_is_refused_in_one_line_before_training_and_leaves
 def test_video_settings_that_cannot_work_are_refused(settings, message):
     with pytest.raises(shoal.ConfigError, match=re.escape(message)):
         shoal.make_config("ppo", **settings)
+
+
+class BreaksOnRender(gym.Wrapper):
+    """CartPole that renders 30 frames, then fails: the second episode's video breaks mid-episode."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
+
+    def __init__(self, render_mode=None):
+        super().__init__(gym.make("CartPole-v1", render_mode=render_mode, max_episode_steps=20))
+        self.frames = 0
+
+    def render(self):
+        self.frames += 1
+        if self.frames > 30:
+            raise RuntimeError("the renderer lost its context")
+        return self.env.render()
+
+
+def test_frames_are_encoded_as_they_come_and_a_video_that_breaks_leaves_no_file(tmp_path, capsys, monkeypatch):
+    from shoal import evaluator
+
+    gym.register("BreaksOnRender-v0", entry_point=BreaksOnRender)
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--env", "BreaksOnRender-v0", "--total-steps", "256", "--run-dir", str(run),
+                 *FAST]) == 0
+    added, steps = [], []
+    add = evaluator.EpisodeVideo.add
+    monkeypatch.setattr(evaluator.EpisodeVideo, "add", lambda self, frame: (added.append(len(steps)),
+                                                                           add(self, frame))[-1])
+    step = BreaksOnRender.step
+    monkeypatch.setattr(BreaksOnRender, "step", lambda self, action: (steps.append(1), step(self, action))[-1])
+    videos = tmp_path / "videos"
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "2", "--video", str(videos)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shoal: error: BreaksOnRender-v0 could not render a frame (RuntimeError: the renderer "
+                          "lost its context") and len(err.strip().splitlines()) == 1, err
+    assert [p.name for p in videos.iterdir()] == ["BreaksOnRender-v0-episode-0.mp4"]  # the broken one left nothing
+    first = frames(videos / "BreaksOnRender-v0-episode-0.mp4")  # the reset's frame and one per step
+    assert 1 < first <= 21
+    assert added[:first] == list(range(first))  # each frame reached the encoder right after its step
