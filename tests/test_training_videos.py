@@ -78,17 +78,22 @@ def test_video_settings_that_cannot_work_are_refused(settings, message):
 
 
 class BreaksOnRender(gym.Wrapper):
-    """CartPole that renders 30 frames, then fails: the second episode's video breaks mid-episode."""
+    """Pendulum (no early end) of 60 steps whose renderer fails at the 50th frame of its second
+    episode: far enough in that the encoder has begun writing that episode's file."""
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, render_mode=None):
-        super().__init__(gym.make("CartPole-v1", render_mode=render_mode, max_episode_steps=20))
-        self.frames = 0
+        super().__init__(gym.make("Pendulum-v1", render_mode=render_mode, max_episode_steps=60))
+        self.episodes = self.frames = 0
+
+    def reset(self, **kwargs):
+        self.episodes, self.frames = self.episodes + 1, 0
+        return self.env.reset(**kwargs)
 
     def render(self):
         self.frames += 1
-        if self.frames > 30:
+        if self.episodes == 2 and self.frames == 50:
             raise RuntimeError("the renderer lost its context")
         return self.env.render()
 
@@ -113,6 +118,5 @@ def test_frames_are_encoded_as_they_come_and_a_video_that_breaks_leaves_no_file(
     assert err.startswith("shoal: error: BreaksOnRender-v0 could not render a frame (RuntimeError: the renderer "
                           "lost its context") and len(err.strip().splitlines()) == 1, err
     assert [p.name for p in videos.iterdir()] == ["BreaksOnRender-v0-episode-0.mp4"]  # the broken one left nothing
-    first = frames(videos / "BreaksOnRender-v0-episode-0.mp4")  # the reset's frame and one per step
-    assert 1 < first <= 21
-    assert added[:first] == list(range(first))  # each frame reached the encoder right after its step
+    assert frames(videos / "BreaksOnRender-v0-episode-0.mp4") == 61  # the reset's frame and one per step
+    assert added[:61] == list(range(61))  # each frame reached the encoder right after its step
