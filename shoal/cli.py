@@ -14,6 +14,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, Union, get_args, get_origin
 
 import tyro
@@ -274,10 +275,15 @@ def cmd_train(argv: list[str], console: Console) -> int:
     if known.env_wrapper:
         sets["env_wrappers"] = wrapper_groups(known.env_wrapper)
     env = cfg.env_setting(known.env) if known.env else None
+    seeds_dir = Path(known.resume) if known.resume and (Path(known.resume) / SEEDS_FILE).is_file() else None
     if known.resume:
         from shoal.algorithm import config_from_dict
 
-        saved = trainer.read_run_config(known.resume)
+        if seeds_dir is not None:  # a directory of --seeds runs: their algorithm and settings
+            record = cfg.read_yaml(seeds_dir / SEEDS_FILE)
+            saved = {"algo": record["algo"], **record["settings"]}
+        else:
+            saved = trainer.read_run_config(known.resume)
         name = saved.pop("algo")
         if algo_name is not None and algos.get(algo_name).name != name:
             raise ShoalError(f"{known.resume} is a {name!r} run, not {algo_name!r}")
@@ -292,8 +298,12 @@ def cmd_train(argv: list[str], console: Console) -> int:
     cls = type(base)
     config = _parse(cls, rest, f"shoal train {name}", default=base,
                     description=TRAIN_HELP.format(algo=name.upper()))
-    if known.n_jobs is not None and known.seeds is None:
+    if known.n_jobs is not None and known.seeds is None and seeds_dir is None:
         raise ShoalError("--n-jobs runs --seeds' runs at once: give --seeds too (shoal tune takes --n-jobs for trials)")
+    if seeds_dir is not None and known.seeds is None:  # each seed's run goes on, or starts if it never began
+        jobs = 1 if known.n_jobs is None else known.n_jobs
+        _check_jobs(jobs, config)
+        return _run_seeds(config, [int(s) for s in record["seeds"]], seeds_dir, jobs, console)
     if known.seeds is not None:
         jobs = 1 if known.n_jobs is None else known.n_jobs
         return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console, jobs)
@@ -310,19 +320,12 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
     """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed, one after another (``jobs``
     at once, each in a process of its own: ``--n-jobs``), in DIR/seed_N (DIR: --run-dir, or
     runs/ALGO-ENV-TIME-seeds); then the final evaluations over the seeds and a plot of their mean
-    (``shoal plot --aggregate``) in DIR/curves.png."""
-    import dataclasses
-    import statistics
-    from pathlib import Path
-
-    from shoal import trainer
+    (``shoal plot --aggregate``) in DIR/curves.png; DIR/seeds.yaml records them for ``--resume DIR``."""
     from shoal.config import SEED_LIMIT
-    from shoal.evaluator import format_returns
-    from shoal.plot import plot_aggregate
     from shoal.rundir import RunDir
 
     if resume:
-        raise ShoalError("--seeds trains new runs: resume each seed's run with shoal train --resume DIR/seed_N")
+        raise ShoalError("--seeds trains new runs: continue a directory of seeds with shoal train --resume DIR")
     if any(arg == "--seed" or arg.startswith("--seed=") for arg in rest):
         raise ShoalError("give --seed for one run or --seeds for several, not both")
     try:
@@ -335,11 +338,66 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
     taken = [parent / f"seed_{s}" for s in seeds if (parent / f"seed_{s}" / "config.yaml").exists()]
     if taken:
         raise ShoalError(f"{taken[0]} already holds a run: choose another --run-dir for these seeds")
+    _check_jobs(jobs, config)
+    _record_seeds(parent, name, config, seeds)
+    return _run_seeds(config, seeds, parent, jobs, console)
+
+
+SEEDS_FILE = "seeds.yaml"
+"""In a directory of ``--seeds`` runs: the algorithm, the seeds and their settings, which
+``shoal train --resume DIR`` continues."""
+
+
+def _record_seeds(parent: Any, name: str, config: Any, seeds: list[int]) -> None:
+    """Write (or add ``seeds`` to) ``parent``'s :data:`SEEDS_FILE`; another command's seeds of
+    other settings in the same directory are refused."""
+    import yaml
+
+    from shoal.config import read_yaml, to_dict
+    from shoal.plot import NOT_SETTINGS
+    from shoal.rundir import atomic_write_text
+
+    settings = {k: v for k, v in to_dict(config).items() if k not in NOT_SETTINGS}
+    record = parent / SEEDS_FILE
+    if record.is_file():
+        saved = read_yaml(record)
+        if saved.get("algo") != name or saved.get("settings") != yaml.safe_load(yaml.safe_dump(settings)):
+            raise ShoalError(f"{parent} holds seeds of other settings ({record}): choose another --run-dir")
+        seeds = [*saved["seeds"], *(s for s in seeds if s not in saved["seeds"])]
+    parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(record, yaml.safe_dump({"algo": name, "seeds": seeds, "settings": settings}, sort_keys=False))
+
+
+def _check_jobs(jobs: int, config: Any) -> None:
+    """``--n-jobs`` for seeds: at least 1, and 1 for runs on the ray backend."""
     if jobs < 1:
         raise ShoalError(f"--n-jobs must be at least 1, got {jobs}")
     if jobs > 1 and config.backend != "local":
         raise ShoalError("--n-jobs runs seeds in processes of this machine; runs on the ray backend share its "
                          "cluster one at a time (give --n-jobs 1)")
+
+
+def _seed_run(config: Any, run_dir: Any, console: Console, label: str | None = None) -> dict[str, Any]:
+    """A seed's run of ``config``: trained afresh in ``run_dir``, resumed from its newest
+    checkpoint there, or, where it has nothing left to do, its summary as it ended."""
+    from shoal import trainer
+
+    if not (run_dir / "config.yaml").is_file():
+        return trainer.train(config, run_dir=run_dir, console=console, label=label)
+    return trainer.finished_summary(run_dir, config) or trainer.resume(run_dir, config, console=console, label=label)
+
+
+def _run_seeds(config: Any, seeds: list[int], parent: Any, jobs: int, console: Console) -> int:
+    """The seeds' runs of ``config`` in ``parent``/seed_N (new, resumed, or done already), one after
+    another or ``jobs`` at once; then their final evaluations over the seeds and a plot of their
+    mean."""
+    import dataclasses
+    import statistics
+
+    from shoal.evaluator import format_returns
+    from shoal.plot import plot_aggregate
+    from shoal.trainer import Interrupted
+
     if jobs > 1:
         summaries = _train_seeds_at_once(config, seeds, parent, min(jobs, len(seeds)), console)
     else:
@@ -348,7 +406,10 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
             console.print(f"seed {seed} ({len(summaries) + 1} of {len(seeds)}): {parent / f'seed_{seed}'}",
                           highlight=False)
             run = dataclasses.replace(config, seed=seed, run_dir=None)
-            summaries.append(trainer.train(run, run_dir=parent / f"seed_{seed}", console=console))
+            try:
+                summaries.append(_seed_run(run, parent / f"seed_{seed}", console))
+            except Interrupted as e:  # its run saved: the seeds go on from there
+                raise Interrupted(f"{e}; or all the seeds with: shoal train --resume {parent}") from None
             _print_summary(summaries[-1], console)
     finals = [s["eval_return_mean"] for s in summaries]
     mean, std, *each = format_returns(statistics.fmean(finals), statistics.pstdev(finals), *finals)
@@ -363,16 +424,15 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
 
 
 def _train_seed(config: Any, run_dir: str) -> dict[str, Any]:
-    """One seed's run of ``--seeds --n-jobs``, in a process of its own: its progress as plain lines
-    labelled with its seed (live bars of several processes would overwrite each other)."""
+    """One seed's run of ``--seeds --n-jobs`` (:func:`_seed_run`), in a process of its own: its
+    progress as plain lines labelled with its seed (live bars of several processes would overwrite
+    each other)."""
     from rich.console import Console
 
-    from shoal import trainer
     from shoal.algos import spec_for
 
     console = Console(stderr=True, soft_wrap=True, force_terminal=False)
-    return trainer.train(config, run_dir=run_dir, console=console,
-                         label=f"{spec_for(config).name} {config.env} seed {config.seed}")
+    return _seed_run(config, Path(run_dir), console, f"{spec_for(config).name} {config.env} seed {config.seed}")
 
 
 def _train_seeds_at_once(config: Any, seeds: list[int], parent: Any, jobs: int, console: Console) -> list[dict]:
@@ -412,8 +472,8 @@ def _train_seeds_at_once(config: Any, seeds: list[int], parent: Any, jobs: int, 
                     start()
         except KeyboardInterrupt:  # the running runs got it too: each saves and ends
             wait(running)
-            raise Interrupted("interrupted; each seed's run that began saved a checkpoint: continue one with "
-                              f"shoal train --resume {parent}/seed_N") from None
+            raise Interrupted("interrupted; each seed's run that began saved a checkpoint: continue them with "
+                              f"shoal train --resume {parent}") from None
     if failure is not None:
         seed, error = failure
         if isinstance(error, ShoalError):
@@ -432,8 +492,9 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
 
     success = f" (success {s['eval_success_rate']:.0%})" if s.get("eval_success_rate") is not None else ""
     mean, std, best = format_returns(s["eval_return_mean"], s["eval_return_std"], s["best_eval_return"])
+    before = " (it had ended before: nothing left to train)" if s.get("ended_before") else ""
     console.print(f"{status}: eval return {mean} ± {std}{success} after {s['env_steps']:,} env steps in "
-                  f"{s['elapsed_s']:.1f} s (best {best})")
+                  f"{s['elapsed_s']:.1f} s (best {best}){before}")
     console.print(f"run directory: {s['run_dir']}")
     console.print("  config.yaml  progress.csv  eval.csv  tb/  (tensorboard --logdir " + s["run_dir"] + "/tb)")
     console.print(f"  checkpoint:  {s['checkpoint']}")
@@ -479,8 +540,6 @@ class EvalArgs:
 
 
 def cmd_eval(argv: list[str], console: Console) -> int:
-    from pathlib import Path
-
     from shoal import checkpoint as ckpt
     from shoal.config import SEED_LIMIT, check_episode_info
     from shoal.evaluator import format_returns
@@ -616,8 +675,6 @@ class PlotArgs:
 
 
 def cmd_plot(argv: list[str], console: Console) -> int:
-    from pathlib import Path
-
     from shoal.plot import plot_aggregate, plot_runs
 
     args = _parse(PlotArgs, argv, "shoal plot")
@@ -885,8 +942,6 @@ class ServePolicyArgs:
 
 
 def cmd_serve_policy(argv: list[str], console: Console) -> int:
-    from pathlib import Path
-
     from shoal.remote.policyserver import PolicyServer
     from shoal.remote.server import read_token
 
@@ -914,7 +969,6 @@ def _wait_for_first_checkpoints(paths: tuple[str, ...], console: Console, poll_s
     """`serve-policy --follow` of a local run started a moment ago: wait (saying so once) until each
     run has written a checkpoint to serve. A ray run's weight store is followed from the start."""
     import time
-    from pathlib import Path
 
     from shoal import checkpoint as ckpt
     from shoal.rundir import LIVE

@@ -24,7 +24,7 @@ from shoal.config import read_yaml
 from shoal.errors import RoleFailed, ShoalError
 from shoal.evaluator import VideoRecorder, format_returns
 from shoal.learner import CPU_WAIT_WINDOW_S
-from shoal.plot import plot_runs
+from shoal.plot import plot_runs, read_rows
 from shoal.rundir import RunDir
 
 
@@ -385,6 +385,35 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     return saved
 
 
+def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
+    """The summary of a run that ``config`` would not train further (its newest checkpoint at
+    total_steps, its last evaluation at stop_return, or stop_patience evaluations in a row no
+    better), read from its files as :func:`fit` gives it; None for a run that trains on."""
+    path = ckpt.resolve(run_dir)
+    steps = int(ckpt.read_meta(path)["env_steps"])
+    run = Path(run_dir)
+    evals = [r for r in read_rows(run / "eval.csv", ("env_steps", "eval/return_mean"))
+             if r.get("eval/return_mean") and float(r["env_steps"]) <= steps] if (run / "eval.csv").exists() else []
+    returns = [float(r["eval/return_mean"]) for r in evals]
+    best = max(returns, default=-math.inf)
+    stale = len(returns) - 1 - returns.index(best) if returns else 0
+    solved = bool(returns) and config.stop_return is not None and returns[-1] >= config.stop_return
+    stalled = config.stop_patience is not None and stale >= config.stop_patience
+    if not (steps >= config.total_steps or solved or stalled) or not evals:
+        return None
+    progress = read_rows(run / "progress.csv", ("env_steps",)) if (run / "progress.csv").exists() else []
+    last = evals[-1]
+    success = last.get("eval/success_rate")
+    return {"run_dir": str(run), "env_steps": steps, "iterations": int(ckpt.read_meta(path)["iteration"]),
+            "elapsed_s": float(progress[-1]["time/elapsed_s"]) if progress else 0.0,
+            "eval_return_mean": returns[-1], "eval_return_std": float(last.get("eval/return_std") or 0.0),
+            "best_eval_return": best, "eval_success_rate": float(success) if success else None,
+            "solved": solved, "stopped_by_callback": False, "stalled": not solved and stalled, "timed_out": False,
+            "checkpoint": str(path), "plot": str(run / "curve.png"), "wall_s": float(last.get("time/wall_s") or 0.0),
+            "patience": config.stop_patience, "videos": str(run / "videos") if (run / "videos").is_dir() else None,
+            "ended_before": True}
+
+
 def run_config(run_dir: str | Path) -> tuple[str, Any]:
     """(algorithm name, config) a run directory was started with."""
     saved = read_run_config(run_dir)
@@ -393,10 +422,11 @@ def run_config(run_dir: str | Path) -> tuple[str, Any]:
 
 
 def resume(run_dir: str | Path, config: Any | None = None, console: Console | None = None,
-           callback: Callback | None = None) -> dict[str, Any]:
+           callback: Callback | None = None, label: str | None = None) -> dict[str, Any]:
     """Continue a run from its newest complete checkpoint, in the same directory.
 
-    ``config`` may change settings that do not alter the run's shape (e.g. total_steps).
+    ``config`` may change settings that do not alter the run's shape (e.g. total_steps). ``label``
+    names the run in its progress bar (default: the algorithm and env).
     """
     if config is None:
         algo, config = run_config(run_dir)
@@ -430,6 +460,6 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
             raise
         run.progress.truncate_after(instance.env_steps)
         run.evals.truncate_after(instance.env_steps)
-        return _fit_restarting(instance, run, console, callback)
+        return _fit_restarting(instance, run, console, callback, label)
     finally:
         run.release()

@@ -371,16 +371,47 @@ def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tm
     per_run = [float(re.search(r"return (\S+) ±", line)[1]) for line in lines[:2]]
     assert [f"seed_{seed}" in line for line, seed in zip(lines, (3, 5))] == [True, True], lines
     assert lines[2] == f"2 runs: return {np.mean(per_run):.1f} ± {np.std(per_run):.1f} over the runs' mean returns"
-    for command in (["export"], ["train", "--resume"]):  # those take one run: say which the directory holds
-        code, _, err = run_cli(capsys, *command, str(runs))
-        assert code == 2 and err.strip().endswith(f"{runs} holds 2 runs, not a run: give one of them (seed_3, "
-                                                  "seed_5)"), err
+    code, _, err = run_cli(capsys, "export", str(runs))  # it takes one run: say which the directory holds
+    assert code == 2 and err.strip().endswith(f"{runs} holds 2 runs, not a run: give one of them (seed_3, "
+                                              "seed_5)"), err
     for argv, message in ((["--seeds", "1", "--seed", "2"], "give --seed for one run or --seeds for several"),
                           (["--seeds", "1", "x"], "--seeds takes whole numbers"),
                           (["--seeds", "1", "1"], "--seeds takes different seeds"),
                           (["--seeds", "3", "--run-dir", str(runs)], f"{runs / 'seed_3'} already holds a run")):
         code, _, err = run_cli(capsys, "train", "ppo", *argv, "--total-steps", "64", *FAST)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_directory_of_seeds_resumes_in_one_command_begun_runs_go_on_and_the_others_start(capsys, tmp_path):
+    import shutil
+
+    runs = tmp_path / "seeds"
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "3", "5", "7", "--total-steps", "256", "--run-dir",
+                           str(runs), *FAST)
+    assert code == 0, err
+    assert yaml.safe_load((runs / "seeds.yaml").read_text())["seeds"] == [3, 5, 7]
+    shutil.rmtree(runs / "seed_7")  # as if Ctrl-C had come before its run began
+    for jobs in ("1", "2"):  # on, then nothing left; in turn, then at once
+        total = "512"
+        code, _, err = run_cli(capsys, "train", "--resume", str(runs), "--total-steps", total, "--n-jobs", jobs,
+                               "--no-progress")
+        assert code == 0, err
+        for seed in (3, 5, 7):
+            saved = yaml.safe_load((runs / f"seed_{seed}" / "config.yaml").read_text())
+            assert saved["seed"] == seed and saved["total_steps"] == 512
+            with open(runs / f"seed_{seed}" / "progress.csv") as f:
+                assert int(list(csv.DictReader(f))[-1]["env_steps"]) == 512
+        ended = err.count("(it had ended before: nothing left to train)")
+        assert ended == (0 if jobs == "1" else 3), err
+        line = next(line for line in err.splitlines() if line.startswith("3 seeds: final eval return"))
+        if jobs == "1":
+            first = line
+    assert line == first  # the runs that had ended give the returns they ended with
+    (runs / "other").mkdir()
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "9", "--lr", "0.01", "--total-steps", "64",
+                           "--run-dir", str(runs), *FAST)
+    assert code == 2 and f"{runs} holds seeds of other settings" in err and len(err.strip().splitlines()) == 1, err
+    assert not (runs / "seed_9").exists()
 
 
 def test_seeds_run_at_once_with_n_jobs_give_the_runs_they_give_one_after_another(capsys, tmp_path):
