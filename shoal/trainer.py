@@ -387,8 +387,9 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
 
 def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
     """The summary of a run that ``config`` would not train further (its newest checkpoint at
-    total_steps, its last evaluation at stop_return, or stop_patience evaluations in a row no
-    better), read from its files as :func:`fit` gives it; None for a run that trains on."""
+    total_steps, its last evaluation at stop_return, stop_patience evaluations in a row no better,
+    or its wall time at stop_time_s), read from its files as :func:`fit` gives it; None for a run
+    that trains on."""
     path = ckpt.resolve(run_dir)
     steps = int(ckpt.read_meta(path)["env_steps"])
     run = Path(run_dir)
@@ -399,17 +400,21 @@ def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
     stale = len(returns) - 1 - returns.index(best) if returns else 0
     solved = bool(returns) and config.stop_return is not None and returns[-1] >= config.stop_return
     stalled = config.stop_patience is not None and stale >= config.stop_patience
-    if not (steps >= config.total_steps or solved or stalled) or not evals:
+    progress = [r for r in read_rows(run / "progress.csv", ("env_steps", "time/wall_s"))
+                if float(r.get("env_steps") or 0) <= steps] if (run / "progress.csv").exists() else []
+    wall = float(progress[-1].get("time/wall_s") or 0.0) if progress else 0.0
+    timed_out = config.stop_time_s is not None and wall >= config.stop_time_s
+    if not (steps >= config.total_steps or solved or stalled or timed_out) or not evals:
         return None
-    progress = read_rows(run / "progress.csv", ("env_steps",)) if (run / "progress.csv").exists() else []
     last = evals[-1]
     success = last.get("eval/success_rate")
     return {"run_dir": str(run), "env_steps": steps, "iterations": int(ckpt.read_meta(path)["iteration"]),
             "elapsed_s": float(progress[-1]["time/elapsed_s"]) if progress else 0.0,
             "eval_return_mean": returns[-1], "eval_return_std": float(last.get("eval/return_std") or 0.0),
             "best_eval_return": best, "eval_success_rate": float(success) if success else None,
-            "solved": solved, "stopped_by_callback": False, "stalled": not solved and stalled, "timed_out": False,
-            "checkpoint": str(path), "plot": str(run / "curve.png"), "wall_s": float(last.get("time/wall_s") or 0.0),
+            "solved": solved, "stopped_by_callback": False, "stalled": not solved and stalled,
+            "timed_out": not solved and not stalled and steps < config.total_steps and timed_out,
+            "checkpoint": str(path), "plot": str(run / "curve.png"), "wall_s": wall,
             "patience": config.stop_patience, "videos": str(run / "videos") if (run / "videos").is_dir() else None,
             "ended_before": True}
 

@@ -414,6 +414,16 @@ def test_a_directory_of_seeds_resumes_in_one_command_begun_runs_go_on_and_the_ot
     assert not (runs / "seed_9").exists()
 
 
+def test_seeds_stopped_by_their_time_limit_have_ended_for_a_resume_of_their_directory(capsys, tmp_path):
+    runs = tmp_path / "seeds"
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", "--stop-time-s", "0.001", "--total-steps",
+                           "100000", "--run-dir", str(runs), *FAST)
+    assert code == 0 and err.count("stopped at --stop-time-s") == 2, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(runs), "--no-progress")
+    assert code == 0 and err.count("(it had ended before: nothing left to train)") == 2, err
+    assert err.count("stopped at --stop-time-s") == 2, err
+
+
 def test_seeds_run_at_once_with_n_jobs_give_the_runs_they_give_one_after_another(capsys, tmp_path):
     lines = {}
     for jobs in ("1", "2"):
