@@ -916,6 +916,8 @@ class ServePolicyArgs:
     """Run directories (their newest checkpoint) or checkpoint directories."""
     policy_id: tuple[str, ...] = ()
     """An id for each path, in order (default: `default` for one path, else the directory names)."""
+    best: bool = False
+    """Serve each run's best checkpoint (the best evaluation so far) instead of its newest."""
     follow: bool = False
     """Swap in newer weights as they come: from the trainer's weight store while a run on the ray
     backend is going (each version the learner publishes), else each newer checkpoint. A run that
@@ -955,9 +957,15 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
     ids = args.policy_id or (("default",) if len(args.paths) == 1 else tuple(Path(p).name for p in args.paths))
     if len(set(ids)) != len(ids):
         raise ShoalError(f"policy ids must differ: {', '.join(ids)} (use --policy-id)")
+    if args.best and args.follow:
+        raise ShoalError("--best serves each run's best checkpoint as it is now, and --follow swaps in newer "
+                         "weights as they come: give one of them")
     if args.follow:
         _wait_for_first_checkpoints(args.paths, console)
-    server = PolicyServer(dict(zip(ids, args.paths)), follow=args.follow, max_batch=args.max_batch,
+    from shoal import checkpoint as ckpt
+
+    paths = [str(ckpt.resolve_best(p)) for p in args.paths] if args.best else list(args.paths)
+    server = PolicyServer(dict(zip(ids, paths)), follow=args.follow, max_batch=args.max_batch,
                           max_wait_ms=args.max_wait_ms, host=args.host, port=args.port,
                           token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                           tls_cert=args.tls_cert, tls_key=args.tls_key, device=args.device)

@@ -4,10 +4,13 @@ evaluations in a row have not beaten its best; a resume counts the run's evaluat
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 
 import pytest
 
 import shoal
+from shoal import checkpoint as ckpt
 from shoal.cli import main
 
 FAST = ["--no-progress", "--no-tensorboard", "--num-envs-per-runner", "4", "--rollout-steps", "32",
@@ -44,6 +47,17 @@ def test_a_run_stops_at_the_first_evaluation_that_makes_n_in_a_row_no_better(tmp
     assert f"checkpoint {run / 'checkpoints' / 'best'}, policy version " in capsys.readouterr().out
     assert main(["export", str(run), "--best", "--out", str(tmp_path / "best.onnx")]) == 0
     assert (tmp_path / "best.onnx").stat().st_size > 0
+    best_version = ckpt.read_meta(run / "checkpoints" / "best")["policy_version"]
+    assert best_version != ckpt.read_meta(ckpt.resolve(run))["policy_version"]
+    server = subprocess.Popen([sys.executable, "-m", "shoal", "serve-policy", str(run), "--best", "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # serve-policy --best serves that one too
+        assert server.stdout.readline().startswith(f"serving default (version {best_version}) on ")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert main(["serve-policy", str(run), "--best", "--follow"]) == 2
+    assert "--best serves each run's best checkpoint as it is now" in capsys.readouterr().err
     for path, message in ((run / "checkpoints" / "best", "--best takes a run directory"),
                           (tmp_path / "nowhere", "does not exist")):
         assert main(["eval", str(path), "--best"]) == 2
