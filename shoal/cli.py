@@ -303,7 +303,9 @@ def cmd_train(argv: list[str], console: Console) -> int:
     if seeds_dir is not None and known.seeds is None:  # each seed's run goes on, or starts if it never began
         jobs = 1 if known.n_jobs is None else known.n_jobs
         _check_jobs(jobs, config)
-        return _run_seeds(config, [int(s) for s in record["seeds"]], seeds_dir, jobs, console)
+        seeds = [int(s) for s in record["seeds"]]
+        _record_seeds(seeds_dir, name, config, seeds, resumed=True)
+        return _run_seeds(config, seeds, seeds_dir, jobs, console)
     if known.seeds is not None:
         jobs = 1 if known.n_jobs is None else known.n_jobs
         return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console, jobs)
@@ -348,9 +350,11 @@ SEEDS_FILE = "seeds.yaml"
 ``shoal train --resume DIR`` continues."""
 
 
-def _record_seeds(parent: Any, name: str, config: Any, seeds: list[int]) -> None:
+def _record_seeds(parent: Any, name: str, config: Any, seeds: list[int], resumed: bool = False) -> None:
     """Write (or add ``seeds`` to) ``parent``'s :data:`SEEDS_FILE`; another command's seeds of
-    other settings in the same directory are refused."""
+    other settings in the same directory are refused, but for a resume of them (``resumed``),
+    whose settings (a larger total_steps, say) replace the ones recorded, as a resumed run's
+    config.yaml does."""
     import yaml
 
     from shoal.config import read_yaml, to_dict
@@ -361,7 +365,8 @@ def _record_seeds(parent: Any, name: str, config: Any, seeds: list[int]) -> None
     record = parent / SEEDS_FILE
     if record.is_file():
         saved = read_yaml(record)
-        if saved.get("algo") != name or saved.get("settings") != yaml.safe_load(yaml.safe_dump(settings)):
+        if not resumed and (saved.get("algo") != name
+                            or saved.get("settings") != yaml.safe_load(yaml.safe_dump(settings))):
             raise ShoalError(f"{parent} holds seeds of other settings ({record}): choose another --run-dir")
         seeds = [*saved["seeds"], *(s for s in seeds if s not in saved["seeds"])]
     parent.mkdir(parents=True, exist_ok=True)

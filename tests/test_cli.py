@@ -407,6 +407,7 @@ def test_a_directory_of_seeds_resumes_in_one_command_begun_runs_go_on_and_the_ot
         if jobs == "1":
             first = line
     assert line == first  # the runs that had ended give the returns they ended with
+    assert yaml.safe_load((runs / "seeds.yaml").read_text())["settings"]["total_steps"] == 512  # as resumed
     (runs / "other").mkdir()
     code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "9", "--lr", "0.01", "--total-steps", "64",
                            "--run-dir", str(runs), *FAST)
