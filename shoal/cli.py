@@ -1061,6 +1061,11 @@ class TuneArgs:
     n_jobs: int = 1
     """Trials run at once, each in a process of its own sharing the study (rl-zoo's --n-jobs); give
     each the cores its run uses (--torch-threads, 1 by default, and its envs)."""
+    metric: str = "eval/return_mean"
+    """The evaluations' column a trial is judged by, its final evaluation's (and each evaluation's,
+    for the pruner): eval/return_mean, eval/success_rate, eval/KEY of --set episode_info=[KEY]."""
+    direction: str = "maximize"
+    """maximize or minimize --metric."""
 
 
 def cmd_tune(argv: list[str], console: Console) -> int:
@@ -1085,7 +1090,7 @@ def cmd_tune(argv: list[str], console: Console) -> int:
     study = tune(args.algo, args.env, trials=args.trials, params=params or None, total_steps=args.total_steps,
                  evaluations=args.evaluations, sets=sets, config_file=args.config, study_dir=args.study_dir,
                  seed=args.seed, startup_trials=args.startup_trials, prune=args.prune, timeout_s=args.timeout_s,
-                 n_jobs=args.n_jobs, console=console)
+                 n_jobs=args.n_jobs, metric=args.metric, direction=args.direction, console=console)
     if study.best_value is None:
         return 1
     console.print(f"train with them: shoal train {args.algo} --env {args.env} --config {study.study_dir / 'best.yaml'}",

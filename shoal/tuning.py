@@ -51,6 +51,10 @@ SPACES: dict[str, dict[str, Any]] = {
 """The settings each algorithm's search draws when no ``--param`` is given (a range as text, a list
 of choices), kept to those valid in any combination."""
 
+RETURN = "eval/return_mean"
+"""A trial's value by default: its final evaluation's mean return."""
+
+
 _RANGE = re.compile(r"^\s*(log|float|int)\s*\((.*)\)\s*$")
 
 
@@ -155,13 +159,15 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
          total_steps: int | None = None, evaluations: int = 5, sets: dict[str, Any] | None = None,
          config_file: str | None = None, study_dir: str | Path | None = None, seed: int = 0,
          startup_trials: int = 5, prune: bool = True, timeout_s: float | None = None, n_jobs: int = 1,
-         console: Console | None = None) -> Study:
+         metric: str = RETURN, direction: str = "maximize", console: Console | None = None) -> Study:
     """Search ``algo``'s settings on ``env`` over ``trials`` runs (more of the study in
     ``study_dir`` if it holds one). ``total_steps`` per trial (default: the preset's), each run
     evaluated ``evaluations`` times; ``sets`` and ``config_file`` fix other settings as
     ``shoal train``'s ``--set`` and ``--config`` do. ``timeout_s`` stops starting trials after that
     many seconds. ``n_jobs`` processes run trials at once, sharing the study (each its share of
-    ``trials``; their samplers seeded ``seed``, ``seed + 1``, ...). Writes ``study.db``,
+    ``trials``; their samplers seeded ``seed``, ``seed + 1``, ...). A trial's value is its final
+    evaluation's ``metric`` (an eval.csv column: its mean return, eval/success_rate, eval/KEY of
+    ``episode_info``), to ``direction`` ('maximize' or 'minimize'). Writes ``study.db``,
     ``trials.csv`` and ``best.yaml`` (the fixed and the best searched settings: ``shoal train ALGO
     --env ENV --config best.yaml``) in ``study_dir``."""
     try:
@@ -183,6 +189,10 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     _check(evaluations >= 1, "--evaluations must be at least 1")
     _check(startup_trials >= 0, "--startup-trials must be 0 or more")
     _check(isinstance(n_jobs, int) and n_jobs >= 1, "--n-jobs must be at least 1")
+    _check(isinstance(metric, str) and metric.startswith("eval/") and len(metric) > 5,
+           f"--metric names a column of the evaluations (eval.csv): eval/return_mean, eval/success_rate, "
+           f"eval/KEY of --episode-info; got {metric!r}")
+    _check(direction in ("maximize", "minimize"), f"--direction is maximize or minimize, got {direction!r}")
     _check(n_jobs == 1 or base.backend == "local", "--n-jobs runs trials in processes of this machine, each its "
            "own run; trials on the ray backend run one at a time (give --n-jobs 1)")
     budget = {"total_steps": steps, "eval_interval": max(1, steps // evaluations), "progress": False,
@@ -195,16 +205,19 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
         f"tune-{spec.name}-{cfg.preset_env(base.env).replace('/', '_').replace(':', '_')}-"
         f"{datetime.now():%Y%m%d-%H%M%S}")
     record = {"algo": spec.name, "env": base.env, "space": {p.name: _spec_text(p) for p in space}, "sets": sets,
-              "config": config_file, "total_steps": steps, "evaluations": evaluations, "seed": seed}
+              "config": config_file, "total_steps": steps, "evaluations": evaluations, "seed": seed,
+              "metric": metric, "direction": direction}
     _open_study_dir(where, record)
-    study = _load_study(where, seed, startup_trials, prune, steps)
+    study = _load_study(where, seed, startup_trials, prune, steps, direction)
     job = {"algo": spec.name, "env": base.env, "space": record["space"], "sets": {**sets, **budget},
            "config": config_file, "where": str(where), "seed": seed, "startup_trials": startup_trials,
            "prune": prune, "steps": steps, "width": len(str(len(study.trials) + trials)),
-           "deadline": None if timeout_s is None else time.time() + timeout_s, "stderr": console.stderr}
+           "deadline": None if timeout_s is None else time.time() + timeout_s, "stderr": console.stderr,
+           "metric": metric, "direction": direction}
 
     jobs = min(n_jobs, trials)
     console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps"
+                  + ("" if metric == RETURN else f", to {direction} {metric}")
                   + (f", {jobs} at a time" if jobs > 1 else "") + f", searching "
                   f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
                   soft_wrap=True)
@@ -219,10 +232,12 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
         failed = _join(workers)
     except (trainer.Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
         _join(workers, interrupt=True)
-        _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console)
+        _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console,
+                       metric)
         raise trainer.Interrupted(f"interrupted; the study's trials are in {where}: the same command with --study-dir "
                                   f"{where} runs more of them") from None
-    study = _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console)
+    study = _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space,
+                           console, metric)
     if failed:
         raise ShoalError(f"{failed} of the {jobs} processes running trials failed (their errors are above); the "
                          f"study's trials so far are in {where}")
@@ -237,14 +252,15 @@ def _storage(where: Path) -> Any:
                                       engine_kwargs={"connect_args": {"timeout": 60}})
 
 
-def _load_study(where: Path, seed: int, startup_trials: int, prune: bool, steps: int) -> Any:
+def _load_study(where: Path, seed: int, startup_trials: int, prune: bool, steps: int,
+                direction: str = "maximize") -> Any:
     """The study in ``where`` (made if new), with the TPE sampler seeded ``seed`` and its pruner."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line, not a traceback
     pruner = optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=steps // 3) if prune else (
         optuna.pruners.NopPruner())
-    return optuna.create_study(study_name="shoal", storage=_storage(where), direction="maximize",
+    return optuna.create_study(study_name="shoal", storage=_storage(where), direction=direction,
                                sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials),
                                pruner=pruner, load_if_exists=True)
 
@@ -260,7 +276,10 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
     spec = algos.get(job["algo"])
     space = search_space(spec.name, job["space"], spec.config_cls)
     where, width = Path(job["where"]), job["width"]
-    study = _load_study(where, job["seed"] + index, job["startup_trials"], job["prune"], job["steps"])
+    study = _load_study(where, job["seed"] + index, job["startup_trials"], job["prune"], job["steps"],
+                        job["direction"])
+    metric = job["metric"]
+    named = "eval return" if metric == RETURN else metric
 
     def objective(trial: Any) -> float:
         drawn = {p.name: p.suggest(trial) for p in space}
@@ -270,10 +289,10 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
         reported: list[float] = []
 
         def report(algo_: Any, metrics: dict[str, Any]) -> bool:
-            if "eval/return_mean" not in metrics:
+            if metric not in metrics:  # no evaluation this iteration (or none that gave the metric)
                 return True
-            reported.append(metrics["eval/return_mean"])
-            trial.report(metrics["eval/return_mean"], metrics["env_steps"])
+            reported.append(metrics[metric])
+            trial.report(metrics[metric], metrics["env_steps"])
             return not trial.should_prune()
 
         start = time.perf_counter()
@@ -287,16 +306,20 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
                           soft_wrap=True)
             raise TrialFailed(str(e)) from None
         took = time.perf_counter() - start
-        value = summary["eval_return_mean"]
+        value = summary["eval_return_mean"] if metric == RETURN else _final(run_dir, metric)
+        if value is None:
+            console.print(f"trial {trial.number:>{width}}: failed: its evaluations gave no {metric} ({shown})",
+                          markup=False, highlight=False, soft_wrap=True)
+            raise TrialFailed(f"no {metric}")
         trial.set_user_attr("run_dir", str(run_dir))
         trial.set_user_attr("env_steps", summary["env_steps"])
         trial.set_user_attr("seconds", round(took, 1))
         if summary["stopped_by_callback"]:
-            console.print(f"trial {trial.number:>{width}}: pruned at {summary['env_steps']:,} steps, eval return "
+            console.print(f"trial {trial.number:>{width}}: pruned at {summary['env_steps']:,} steps, {named} "
                           f"{format_returns(reported[-1])[0]} ({shown}) {took:.1f} s", markup=False, highlight=False,
                           soft_wrap=True)
             raise optuna.TrialPruned()
-        console.print(f"trial {trial.number:>{width}}: eval return {format_returns(value)[0]} ({shown}) {took:.1f} s",
+        console.print(f"trial {trial.number:>{width}}: {named} {format_returns(value)[0]} ({shown}) {took:.1f} s",
                       markup=False, highlight=False, soft_wrap=True)
         return value
 
@@ -340,6 +363,14 @@ def _join(workers: list[Any], interrupt: bool = False) -> int:
     return sum(w.exitcode != 0 for w in workers)
 
 
+def _final(run_dir: Path, metric: str) -> float | None:
+    """``metric`` of a run's final evaluation (eval.csv's last row), None where it gave none."""
+    from shoal.plot import read_rows
+
+    rows = read_rows(run_dir / "eval.csv", ("env_steps", metric)) if (run_dir / "eval.csv").exists() else []
+    return float(rows[-1][metric]) if rows and rows[-1].get(metric) else None
+
+
 class TrialFailed(Exception):
     """A trial's run failed (its settings, say): Optuna records it as failed and goes on."""
 
@@ -365,8 +396,9 @@ def _open_study_dir(where: Path, record: dict[str, Any]) -> None:
     tune_yaml = where / "tune.yaml"
     if is_study(where):
         saved = yaml.safe_load(tune_yaml.read_text()) or {}
-        differs = [k for k in ("algo", "env", "space", "sets", "config", "total_steps", "evaluations")
-                   if saved.get(k) != record[k]]
+        before = {"metric": RETURN, "direction": "maximize"}  # a study from before they were chosen
+        differs = [k for k in ("algo", "env", "space", "sets", "config", "total_steps", "evaluations", "metric",
+                               "direction") if saved.get(k, before.get(k)) != record[k]]
         if differs:
             raise ConfigError(f"{where} holds a study with other {', '.join(differs)} ({tune_yaml}): run this "
                               "search with another --study-dir, or the study's own settings to add trials to it")
@@ -380,7 +412,8 @@ def _open_study_dir(where: Path, record: dict[str, Any]) -> None:
         raise ConfigError(f"cannot write the study directory {where}: {e.strerror or e}") from None
 
 
-def _write_results(study: Any, where: Path, fixed: dict[str, Any], space: list[Param], console: Console) -> Study:
+def _write_results(study: Any, where: Path, fixed: dict[str, Any], space: list[Param], console: Console,
+                   metric: str = RETURN) -> Study:
     """trials.csv (every trial), best.yaml (the ``fixed`` settings and the best trial's), and a summary."""
     import optuna
 
@@ -402,12 +435,14 @@ def _write_results(study: Any, where: Path, fixed: dict[str, Any], space: list[P
                   f"{counts['fail']} failed; {where / 'trials.csv'}", markup=False, highlight=False, soft_wrap=True)
     if not done:
         return Study(where, None, {}, None, rows)
-    best = max(done, key=lambda t: t.value)
+    minimize = study.direction == optuna.study.StudyDirection.MINIMIZE
+    best = (min if minimize else max)(done, key=lambda t: t.value)
     params = {p.name: _drawn(p, best.params[p.name]) for p in space}
+    named = "eval return" if metric == RETURN else metric
     (where / "best.yaml").write_text(
-        f"{BEST_HEADER}{best.number}, eval return {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
+        f"{BEST_HEADER}{best.number}, {named} {best.value:.6g} ({best.user_attrs.get('run_dir')})\n"
         + yaml.safe_dump({**fixed, **params}, sort_keys=False, default_flow_style=None))
-    console.print(f"best: trial {best.number}, eval return {format_returns(float(best.value))[0]} "
+    console.print(f"best: trial {best.number}, {named} {format_returns(float(best.value))[0]} "
                   f"({', '.join(f'{k}={_short(v)}' for k, v in params.items())}); {where / 'best.yaml'}",
                   markup=False, highlight=False, soft_wrap=True)
     return Study(where, float(best.value), params, Path(best.user_attrs["run_dir"]), rows)

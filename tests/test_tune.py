@@ -100,6 +100,8 @@ MISTAKES = [
     (["--trials", "0"], "--trials must be at least 1"),
     (["--n-jobs", "0"], "--n-jobs must be at least 1"),
     (["--n-jobs", "2", "--set", "backend=ray"], "trials on the ray backend run one at a time"),
+    (["--metric", "loss/value"], "--metric names a column of the evaluations (eval.csv)"),
+    (["--direction", "up"], "--direction is maximize or minimize, got 'up'"),
 ]
 
 
@@ -157,3 +159,27 @@ def test_trials_run_in_several_processes_share_the_study_each_drawing_its_own_se
     assert yaml.safe_load((study / "best.yaml").read_text())["lr"] == pytest.approx(
         float(max(trials, key=lambda t: float(t["value"]))["lr"]))
 
+
+
+def test_a_study_judges_trials_by_the_metric_it_is_given_in_its_direction(tmp_path, capsys):
+    """eval/score (the episode's length, given at its last step: --episode-info) minimised: each
+    trial's value is its final evaluation's score, and the best is the lowest."""
+    study = tmp_path / "study"
+    argv = ["tune", "ppo", "--env", "CartPole-v1", "--trials", "3", *TRIAL, "--no-prune", "--param",
+            "lr=log(1e-4, 1e-2)", "--set", "episode_info=[score]", "env_wrappers=[user_wrappers:EpisodeScore]",
+            "--metric", "eval/score", "--direction", "minimize", "--study-dir", str(study)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "to minimize eval/score" in out and "trial 0: eval/score " in out
+    trials = rows(study)
+    for t in trials:
+        with open(study / f"trial_{int(t['trial']):04d}" / "eval.csv") as f:
+            assert float(t["value"]) == pytest.approx(float(list(csv.DictReader(f))[-1]["eval/score"]))
+    lowest = min(trials, key=lambda t: float(t["value"]))
+    assert (study / "best.yaml").read_text().startswith(f"# shoal tune: trial {lowest['trial']}, eval/score ")
+    argv[argv.index("minimize")] = "maximize"  # the same study judged the other way: refused
+    assert main(argv) == 2
+    assert "holds a study with other direction" in capsys.readouterr().err
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "1", *TRIAL, "--metric", "eval/absent",
+                 "--study-dir", str(tmp_path / "absent")]) == 1  # no trial gave it: none completes
+    assert "failed: its evaluations gave no eval/absent" in capsys.readouterr().out
