@@ -30,7 +30,8 @@ _EXPORTS = {
     "TD3Config": "shoal.algos.td3", "SACConfig": "shoal.algos.sac", "batched": "shoal.batching",
     "RemoteVectorEnv": "shoal.remote.client", "PolicyClient": "shoal.remote.policyserver",
     "ServerError": "shoal.remote.client",
-    "make_config": "shoal.algos", "tune": "shoal.tuning",
+    "make_config": "shoal.algos", "tune": "shoal.tuning", "train_seeds": "shoal.seeds",
+    "resume_seeds": "shoal.seeds",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -275,13 +275,15 @@ def cmd_train(argv: list[str], console: Console) -> int:
     if known.env_wrapper:
         sets["env_wrappers"] = wrapper_groups(known.env_wrapper)
     env = cfg.env_setting(known.env) if known.env else None
-    seeds_dir = Path(known.resume) if known.resume and (Path(known.resume) / SEEDS_FILE).is_file() else None
+    from shoal.seeds import is_seeds_dir, read_seeds
+
+    seeds_dir = Path(known.resume) if known.resume and is_seeds_dir(known.resume) else None
     if known.resume:
         from shoal.algorithm import config_from_dict
 
         if seeds_dir is not None:  # a directory of --seeds runs: their algorithm and settings
-            record = cfg.read_yaml(seeds_dir / SEEDS_FILE)
-            saved = {"algo": record["algo"], **record["settings"]}
+            algo_of, settings, _ = read_seeds(seeds_dir)
+            saved = {"algo": algo_of, **settings}
         else:
             saved = trainer.read_run_config(known.resume)
         name = saved.pop("algo")
@@ -301,14 +303,14 @@ def cmd_train(argv: list[str], console: Console) -> int:
     if known.n_jobs is not None and known.seeds is None and seeds_dir is None:
         raise ShoalError("--n-jobs runs --seeds' runs at once: give --seeds too (shoal tune takes --n-jobs for trials)")
     if seeds_dir is not None and known.seeds is None:  # each seed's run goes on, or starts if it never began
+        from shoal.seeds import resume_seeds
+
         jobs = 1 if known.n_jobs is None else known.n_jobs
-        _check_jobs(jobs, config)
-        seeds = [int(s) for s in record["seeds"]]
-        _record_seeds(seeds_dir, name, config, seeds, resumed=True)
-        return _run_seeds(config, seeds, seeds_dir, jobs, console)
+        total = len(read_seeds(seeds_dir)[2])
+        return _report_seeds(config, resume_seeds, (seeds_dir, config), total, jobs, console)
     if known.seeds is not None:
         jobs = 1 if known.n_jobs is None else known.n_jobs
-        return _train_seeds(config, name, known.seeds, rest, bool(known.resume), console, jobs)
+        return _train_seeds(config, known.seeds, rest, bool(known.resume), console, jobs)
     if known.resume:
         summary = trainer.resume(known.resume, config, console=console)
     else:
@@ -317,14 +319,11 @@ def cmd_train(argv: list[str], console: Console) -> int:
     return 0
 
 
-def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resume: bool, console: Console,
+def _train_seeds(config: Any, given: list[str], rest: list[str], resume: bool, console: Console,
                  jobs: int = 1) -> int:
-    """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed, one after another (``jobs``
-    at once, each in a process of its own: ``--n-jobs``), in DIR/seed_N (DIR: --run-dir, or
-    runs/ALGO-ENV-TIME-seeds); then the final evaluations over the seeds and a plot of their mean
-    (``shoal plot --aggregate``) in DIR/curves.png; DIR/seeds.yaml records them for ``--resume DIR``."""
-    from shoal.config import SEED_LIMIT
-    from shoal.rundir import RunDir
+    """``shoal train ... --seeds 0 1 2``: a run of ``config`` per seed (:func:`shoal.seeds.train_seeds`),
+    each run's summary as it ends, then their final evaluations over the seeds."""
+    from shoal import seeds as multi
 
     if resume:
         raise ShoalError("--seeds trains new runs: continue a directory of seeds with shoal train --resume DIR")
@@ -334,157 +333,36 @@ def _train_seeds(config: Any, name: str, given: list[str], rest: list[str], resu
         seeds = [int(s) for s in given]
     except ValueError:
         raise ShoalError(f"--seeds takes whole numbers, got {' '.join(given)}") from None
-    if len(set(seeds)) != len(seeds) or not all(0 <= s < SEED_LIMIT for s in seeds):
-        raise ShoalError(f"--seeds takes different seeds from 0 to {SEED_LIMIT - 1}, got {' '.join(given)}")
-    parent = Path(config.run_dir) if config.run_dir else RunDir.default_path(name, config.env, seeds[0], tag="seeds")
-    taken = [parent / f"seed_{s}" for s in seeds if (parent / f"seed_{s}" / "config.yaml").exists()]
-    if taken:
-        raise ShoalError(f"{taken[0]} already holds a run: choose another --run-dir for these seeds")
-    _check_jobs(jobs, config)
-    _record_seeds(parent, name, config, seeds)
-    return _run_seeds(config, seeds, parent, jobs, console)
+    return _report_seeds(config, multi.train_seeds, (config, seeds), len(seeds), jobs, console)
 
 
-SEEDS_FILE = "seeds.yaml"
-"""In a directory of ``--seeds`` runs: the algorithm, the seeds and their settings, which
-``shoal train --resume DIR`` continues."""
-
-
-def _record_seeds(parent: Any, name: str, config: Any, seeds: list[int], resumed: bool = False) -> None:
-    """Write (or add ``seeds`` to) ``parent``'s :data:`SEEDS_FILE`; another command's seeds of
-    other settings in the same directory are refused, but for a resume of them (``resumed``),
-    whose settings (a larger total_steps, say) replace the ones recorded, as a resumed run's
-    config.yaml does."""
-    import yaml
-
-    from shoal.config import read_yaml, to_dict
-    from shoal.plot import NOT_SETTINGS
-    from shoal.rundir import atomic_write_text
-
-    settings = {k: v for k, v in to_dict(config).items() if k not in NOT_SETTINGS}
-    record = parent / SEEDS_FILE
-    if record.is_file():
-        saved = read_yaml(record)
-        if not resumed and (saved.get("algo") != name
-                            or saved.get("settings") != yaml.safe_load(yaml.safe_dump(settings))):
-            raise ShoalError(f"{parent} holds seeds of other settings ({record}): choose another --run-dir")
-        seeds = [*saved["seeds"], *(s for s in seeds if s not in saved["seeds"])]
-    parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(record, yaml.safe_dump({"algo": name, "seeds": seeds, "settings": settings}, sort_keys=False))
-
-
-def _check_jobs(jobs: int, config: Any) -> None:
-    """``--n-jobs`` for seeds: at least 1, and 1 for runs on the ray backend."""
-    if jobs < 1:
-        raise ShoalError(f"--n-jobs must be at least 1, got {jobs}")
-    if jobs > 1 and config.backend != "local":
-        raise ShoalError("--n-jobs runs seeds in processes of this machine; runs on the ray backend share its "
-                         "cluster one at a time (give --n-jobs 1)")
-
-
-def _seed_run(config: Any, run_dir: Any, console: Console, label: str | None = None) -> dict[str, Any]:
-    """A seed's run of ``config``: trained afresh in ``run_dir``, resumed from its newest
-    checkpoint there, or, where it has nothing left to do, its summary as it ended."""
-    from shoal import trainer
-
-    if not (run_dir / "config.yaml").is_file():
-        return trainer.train(config, run_dir=run_dir, console=console, label=label)
-    return trainer.finished_summary(run_dir, config) or trainer.resume(run_dir, config, console=console, label=label)
-
-
-def _run_seeds(config: Any, seeds: list[int], parent: Any, jobs: int, console: Console) -> int:
-    """The seeds' runs of ``config`` in ``parent``/seed_N (new, resumed, or done already), one after
-    another or ``jobs`` at once; then their final evaluations over the seeds and a plot of their
-    mean."""
-    import dataclasses
-    import statistics
-
+def _report_seeds(config: Any, run: Any, args: tuple, total: int, n_jobs: int, console: Console) -> int:
+    """``run(*args, ...)`` (:func:`shoal.seeds.train_seeds` or ``resume_seeds``) of ``total`` seeds,
+    saying what each seed's run does as it starts and ends, then their final evaluations over the
+    seeds."""
     from shoal.evaluator import format_returns
-    from shoal.plot import plot_aggregate
-    from shoal.trainer import Interrupted
 
-    if jobs > 1:
-        summaries = _train_seeds_at_once(config, seeds, parent, min(jobs, len(seeds)), console)
-    else:
-        summaries = []
-        for seed in seeds:
-            console.print(f"seed {seed} ({len(summaries) + 1} of {len(seeds)}): {parent / f'seed_{seed}'}",
-                          highlight=False)
-            run = dataclasses.replace(config, seed=seed, run_dir=None)
-            try:
-                summaries.append(_seed_run(run, parent / f"seed_{seed}", console))
-            except Interrupted as e:  # its run saved: the seeds go on from there
-                raise Interrupted(f"{e}; or all the seeds with: shoal train --resume {parent}") from None
-            _print_summary(summaries[-1], console)
-    finals = [s["eval_return_mean"] for s in summaries]
-    mean, std, *each = format_returns(statistics.fmean(finals), statistics.pstdev(finals), *finals)
-    solved = sum(s["solved"] for s in summaries)
+    started: list[int] = []
+
+    def starting(seed: int, run_dir: Path) -> None:
+        started.append(seed)
+        console.print(f"seed {seed} ({len(started)} of {total}): {run_dir}", highlight=False)
+
+    def report(seed: int, summary: dict[str, Any], done: int) -> None:
+        if n_jobs > 1:
+            console.print(f"seed {seed} ({done} of {total} done):", highlight=False)
+        _print_summary(summary, console)
+
+    result = run(*args, n_jobs=n_jobs, console=console, report=report, starting=starting)
+    seeds, runs = result["seeds"], result["runs"]
+    mean, std, *each = format_returns(result["eval_return_mean"], result["eval_return_std"],
+                                      *(r["eval_return_mean"] for r in runs))
     console.print(f"{len(seeds)} seeds: final eval return {mean} ± {std} over seeds ("
                   + ", ".join(f"seed {seed}: {r}" for seed, r in zip(seeds, each))
-                  + (f"; {solved} of {len(seeds)} solved" if config.stop_return is not None else "") + ")",
-                  highlight=False)
-    console.print(f"plot of their mean: {plot_aggregate([s['run_dir'] for s in summaries], parent / 'curves.png')}",
-                  highlight=False)
+                  + (f"; {result['solved']} of {len(seeds)} solved" if config.stop_return is not None else "")
+                  + ")", highlight=False)
+    console.print(f"plot of their mean: {result['plot']}", highlight=False)
     return 0
-
-
-def _train_seed(config: Any, run_dir: str) -> dict[str, Any]:
-    """One seed's run of ``--seeds --n-jobs`` (:func:`_seed_run`), in a process of its own: its
-    progress as plain lines labelled with its seed (live bars of several processes would overwrite
-    each other)."""
-    from rich.console import Console
-
-    from shoal.algos import spec_for
-
-    console = Console(stderr=True, soft_wrap=True, force_terminal=False)
-    return _seed_run(config, Path(run_dir), console, f"{spec_for(config).name} {config.env} seed {config.seed}")
-
-
-def _train_seeds_at_once(config: Any, seeds: list[int], parent: Any, jobs: int, console: Console) -> list[dict]:
-    """``--seeds`` with ``--n-jobs``: the seeds' runs in ``jobs`` spawned processes, a run started
-    as one ends, each run's summary printed as it ends; their summaries in seed order. After a
-    run fails, or Ctrl-C (which ends each running run saved, as it ends one), no other starts."""
-    import dataclasses
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    from shoal.trainer import Interrupted
-
-    runs = {seed: parent / f"seed_{seed}" for seed in seeds}
-    console.print(f"{len(seeds)} seeds, {jobs} at a time: {', '.join(str(r) for r in runs.values())}", highlight=False)
-    summaries: dict[int, dict] = {}
-    pending, running, failure = list(seeds), {}, None
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        def start() -> None:  # one at a time: a run queued in the pool could not be taken back
-            seed = pending.pop(0)
-            running[pool.submit(_train_seed, dataclasses.replace(config, seed=seed, run_dir=None),
-                                str(runs[seed]))] = seed
-
-        while pending and len(running) < jobs:
-            start()
-        try:
-            while running:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    seed = running.pop(future)
-                    if future.exception() is not None:
-                        failure = failure or (seed, future.exception())
-                        continue
-                    summaries[seed] = future.result()
-                    console.print(f"seed {seed} ({len(summaries)} of {len(seeds)} done):", highlight=False)
-                    _print_summary(summaries[seed], console)
-                while pending and failure is None and len(running) < jobs:
-                    start()
-        except KeyboardInterrupt:  # the running runs got it too: each saves and ends
-            wait(running)
-            raise Interrupted("interrupted; each seed's run that began saved a checkpoint: continue them with "
-                              f"shoal train --resume {parent}") from None
-    if failure is not None:
-        seed, error = failure
-        if isinstance(error, ShoalError):
-            raise ShoalError(f"seed {seed}: {error}") from None
-        raise error
-    return [summaries[seed] for seed in seeds]
 
 
 def _print_summary(s: dict[str, Any], console: Console) -> None:

@@ -435,7 +435,7 @@ def test_seeds_run_at_once_with_n_jobs_give_the_runs_they_give_one_after_another
         lines[jobs] = next(line for line in err.splitlines() if line.startswith("3 seeds: final eval return"))
         for seed in (3, 5, 7):
             assert yaml.safe_load((runs / f"seed_{seed}" / "config.yaml").read_text())["seed"] == seed
-    assert "3 seeds, 2 at a time:" in err and err.count(" done):") == 3
+    assert err.count(" of 3): ") == 3 and err.count(" done):") == 3  # each seed as it starts and ends
     assert lines["2"] == lines["1"]  # each seed's run is its own in a process of its own: the same returns
     for argv, message in ((["--n-jobs", "2"], "--n-jobs runs --seeds' runs at once: give --seeds too"),
                           (["--seeds", "1", "2", "--n-jobs", "0"], "--n-jobs must be at least 1"),

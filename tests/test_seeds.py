@@ -1,0 +1,35 @@
+"""``shoal.train_seeds`` and ``shoal.resume_seeds``: the Python side of ``shoal train --seeds`` and
+``shoal train --resume DIR``."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+import shoal
+
+QUICK = {"progress": False, "tensorboard": False, "num_envs_per_runner": 4, "rollout_steps": 16,
+         "minibatch_size": 32, "num_epochs": 1, "eval_episodes": 2}
+
+
+def test_train_seeds_returns_each_runs_summary_and_their_mean_and_resume_seeds_goes_on(tmp_path):
+    config = shoal.make_config("ppo", "CartPole-v1", total_steps=128, **QUICK)
+    result = shoal.train_seeds(config, [4, 2], run_dir=tmp_path / "seeds")
+    finals = [run["eval_return_mean"] for run in result["runs"]]
+    assert result["seeds"] == [4, 2] and [run["run_dir"] for run in result["runs"]] == [
+        str(tmp_path / "seeds" / "seed_4"), str(tmp_path / "seeds" / "seed_2")]
+    assert result["eval_return_mean"] == pytest.approx(statistics.fmean(finals))
+    assert result["eval_return_std"] == pytest.approx(statistics.pstdev(finals))
+    assert (tmp_path / "seeds" / "curves.png").is_file() and result["plot"] == str(tmp_path / "seeds" / "curves.png")
+    again = shoal.resume_seeds(tmp_path / "seeds")  # nothing left: the summaries they ended with
+    assert [run["eval_return_mean"] for run in again["runs"]] == finals
+    assert all(run["ended_before"] for run in again["runs"])
+    more = shoal.resume_seeds(tmp_path / "seeds", config=shoal.make_config("ppo", "CartPole-v1", total_steps=256,
+                                                                          **QUICK))
+    assert [run["env_steps"] for run in more["runs"]] == [256, 256]
+    with pytest.raises(shoal.ShoalError, match="--seeds takes different seeds"):
+        shoal.train_seeds(config, [1, 1], run_dir=tmp_path / "other")
+    with pytest.raises(shoal.ShoalError, match="--n-jobs must be at least 1"):
+        shoal.train_seeds(config, [1], run_dir=tmp_path / "other", n_jobs=0)
+    assert not (tmp_path / "other").exists()
