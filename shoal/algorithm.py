@@ -44,7 +44,7 @@ class Algorithm:
         # the env's own observations, where shoal flattens them and a checkpoint can describe them:
         # deployments (the policy server) take those too, without making the env
         self.env_obs_space = own if isinstance(own, ONE_HOT_SPACES) else None
-        if getattr(config, "eval_env_kwargs", None):  # evaluations act with this policy on those envs
+        if config.eval_env_kwargs:  # evaluations act with this policy on those envs
             misfit = policy_misfit((self.obs_space, self.action_space),
                                    env_spaces(config.env, eval_env_kwargs(config), EnvOptions.of(config)))
             if misfit:

@@ -439,16 +439,17 @@ def cmd_eval(argv: list[str], console: Console) -> int:
     if args.video and args.render:
         raise ShoalError("--video and --render exclude each other: record the episodes, or watch them")
     where = Path(args.path)
+    resolve = ckpt.resolve_best if args.best else ckpt.resolve
     runs = [] if is_study(where) else ckpt.runs_in(where)  # a study names its best trial instead
     if not runs:
-        _evaluate_one(args, (ckpt.resolve_best if args.best else ckpt.resolve)(args.path), args.video, console)
+        _evaluate_one(args, resolve(args.path), args.video, console)
         return 0
     # A directory of runs (`shoal train --seeds`' DIR, runs/): each run's newest (or best) checkpoint, then
     # their returns over the runs where they share an env
     means, envs = [], set()
     for run in runs:
         video = str(Path(args.video) / run.name) if args.video else None
-        env_id, result = _evaluate_one(args, (ckpt.resolve_best if args.best else ckpt.resolve)(run), video, console)
+        env_id, result = _evaluate_one(args, resolve(run), video, console)
         means.append(result["eval/return_mean"])
         envs.add(env_id)
     if len(envs) == 1:

@@ -253,8 +253,8 @@ OWN_EPISODE_KEYS = {"count", "return_mean", "length_mean", "return_std", "episod
 
 def eval_env_kwargs(config: Any) -> dict[str, Any]:
     """The keyword arguments a run's evaluation envs are made with: its env_kwargs, then its
-    eval_env_kwargs over them (configs from before eval_env_kwargs have none)."""
-    return {**config.env_kwargs, **getattr(config, "eval_env_kwargs", {})}
+    eval_env_kwargs over them."""
+    return {**config.env_kwargs, **config.eval_env_kwargs}
 
 
 def check_episode_info(keys: tuple[str, ...], name: str) -> None:

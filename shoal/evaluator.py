@@ -294,12 +294,13 @@ class Mp4Writer:
     """
 
     def __init__(self, path: str | Path, fps: float):
-        self.path, self.fps = str(path), fps
+        import av
+
+        self.av, self.path, self.fps = av, str(path), fps
         self.container = self.stream = None
 
     def add(self, frame: np.ndarray) -> None:
-        import av
-
+        av = self.av
         h, w = frame.shape[:2]
         if self.container is None:
             self.container = av.open(self.path, mode="w", format="mp4")

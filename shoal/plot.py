@@ -89,7 +89,7 @@ def metric_file(metric: str) -> str:
 def _no_metric(runs: list[Path], metric: str) -> ShoalError:
     """The error for a ``metric`` no run logged, naming the ones its file holds."""
     file = metric_file(metric)
-    held = next((read_rows(r / file)[0].keys() for r in runs if (r / file).exists() and read_rows(r / file)), [])
+    held = next((rows[0].keys() for r in runs if (r / file).exists() and (rows := read_rows(r / file))), [])
     names = [k for k in held if k not in ("iteration", "env_steps") and not k.startswith("time/")]
     return ShoalError(f"no run has logged {metric} yet" + (f"; their {file} holds {', '.join(names)}" if names else ""))
 

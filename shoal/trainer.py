@@ -135,12 +135,16 @@ def _progress(enabled: bool, console: Console, run_dir: Path) -> Progress | _Pro
 def _best_eval(run: RunDir, upto: int | None = None) -> tuple[float, int]:
     """The best evaluation's mean return in the run so far (up to ``upto`` env steps), and how many
     evaluations came after it."""
-    values = [float(r["eval/return_mean"]) for r in run.evals.rows() if r.get("eval/return_mean")
-              and (upto is None or float(r.get("env_steps") or 0) <= upto)]
-    if not values:
+    return _best_and_after([float(r["eval/return_mean"]) for r in run.evals.rows() if r.get("eval/return_mean")
+                            and (upto is None or float(r.get("env_steps") or 0) <= upto)])
+
+
+def _best_and_after(returns: list[float]) -> tuple[float, int]:
+    """The best of evaluations' mean ``returns`` (-inf for none), and how many came after it."""
+    if not returns:
         return -math.inf, 0
-    best = max(values)
-    return best, len(values) - 1 - values.index(best)
+    best = max(returns)
+    return best, len(returns) - 1 - returns.index(best)
 
 
 Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
@@ -391,13 +395,13 @@ def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
     or its wall time at stop_time_s), read from its files as :func:`fit` gives it; None for a run
     that trains on."""
     path = ckpt.resolve(run_dir)
-    steps = int(ckpt.read_meta(path)["env_steps"])
+    meta = ckpt.read_meta(path)
+    steps = int(meta["env_steps"])
     run = Path(run_dir)
     evals = [r for r in read_rows(run / "eval.csv", ("env_steps", "eval/return_mean"))
              if r.get("eval/return_mean") and float(r["env_steps"]) <= steps] if (run / "eval.csv").exists() else []
     returns = [float(r["eval/return_mean"]) for r in evals]
-    best = max(returns, default=-math.inf)
-    stale = len(returns) - 1 - returns.index(best) if returns else 0
+    best, stale = _best_and_after(returns)
     solved = bool(returns) and config.stop_return is not None and returns[-1] >= config.stop_return
     stalled = config.stop_patience is not None and stale >= config.stop_patience
     progress = [r for r in read_rows(run / "progress.csv", ("env_steps", "time/wall_s"))
@@ -408,7 +412,7 @@ def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
         return None
     last = evals[-1]
     success = last.get("eval/success_rate")
-    return {"run_dir": str(run), "env_steps": steps, "iterations": int(ckpt.read_meta(path)["iteration"]),
+    return {"run_dir": str(run), "env_steps": steps, "iterations": int(meta["iteration"]),
             "elapsed_s": float(progress[-1]["time/elapsed_s"]) if progress else 0.0,
             "eval_return_mean": returns[-1], "eval_return_std": float(last.get("eval/return_std") or 0.0),
             "best_eval_return": best, "eval_success_rate": float(success) if success else None,

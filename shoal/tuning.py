@@ -306,7 +306,7 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
                           soft_wrap=True)
             raise TrialFailed(str(e)) from None
         took = time.perf_counter() - start
-        value = summary["eval_return_mean"] if metric == RETURN else _final(run_dir, metric)
+        value = _final(run_dir, metric)  # the final evaluation's row (the return: the summary's too)
         if value is None:
             console.print(f"trial {trial.number:>{width}}: failed: its evaluations gave no {metric} ({shown})",
                           markup=False, highlight=False, soft_wrap=True)
