@@ -31,10 +31,10 @@ install: $(BIN)/python $(BIN)/uv
 	$(UV) -e .
 
 install-dev: $(BIN)/python $(BIN)/uv
-	$(UV) -e '.[dev,atari,minigrid,export,robotics,mujoco,tune]'
+	$(UV) -e '.[dev,atari,minigrid,export,robotics,mujoco,tune,wandb]'
 
 install-bench: $(BIN)/python $(BIN)/uv
-	$(UV) -e '.[dev,atari,minigrid,export,bench,robotics,mujoco,tune]'
+	$(UV) -e '.[dev,atari,minigrid,export,bench,robotics,mujoco,tune,wandb]'
 
 demo: install
 	$(BIN)/shoal train ppo --env CartPole-v1 --stop-return 475

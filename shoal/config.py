@@ -162,6 +162,16 @@ class Config:
     """Show a live progress bar (a plain line every 30 s where stderr is not a terminal)."""
     tensorboard: bool = True
     """Write TensorBoard event files beside the CSV metrics."""
+    wandb_project: str | None = None
+    """Track the run in Weights & Biases under this project (rl-zoo's and CleanRL's --track): its
+    settings, every row of progress.csv and eval.csv against env_steps, and its --video-interval
+    videos; a resume goes on with the same W&B run. Needs the wandb extra (pip install
+    'shoal[wandb]') and `wandb login`, or WANDB_MODE=offline to keep it in RUN_DIR/wandb for
+    `wandb sync`."""
+    wandb_entity: str | None = None
+    """The W&B team or user the run goes to (default: the logged-in user's)."""
+    wandb_group: str | None = None
+    """The W&B group of the run (default: for --seeds and shoal tune, their directory's name)."""
     log_interval: int = 1
     """Write a row of progress.csv and TensorBoard once per this many environment steps: the
     first iteration at or past each multiple, and the last one (1: every iteration). Its
@@ -206,6 +216,9 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
+        _check(self.wandb_project is not None or (self.wandb_entity is None and self.wandb_group is None),
+               "wandb_entity and wandb_group place a run tracked in W&B: give --wandb-project too")
+        _check(self.wandb_project is None or bool(self.wandb_project.strip()), "wandb_project cannot be empty")
         _check(self.stop_patience is None or self.stop_patience >= 1, "stop_patience must be at least 1 evaluation "
                "(or None)")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
@@ -340,6 +353,8 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "trained_agent": ("rl-zoo's", {"init_from": " (a run directory or checkpoint)"}),
     "max_no_improvement_evals": ("SB3's", {"stop_patience": ""}),
     "capture_video": ("CleanRL's", {"video_interval": " (env steps between videos; 0: none)"}),
+    "track": ("rl-zoo's and CleanRL's", {"wandb_project": " (a W&B project: giving one turns tracking on)"}),
+    "wandb_project_name": ("rl-zoo's and CleanRL's", {"wandb_project": ""}),
 }
 
 

@@ -100,6 +100,7 @@ class RunDir:
         self.evals = CsvLog(self.path / "eval.csv")
         self._tb = None
         self._use_tb = tensorboard
+        self.wandb: Any = None  # a WandbRun, once track() starts one
 
     def _take_lock(self) -> Any:
         """One trainer per run directory: two (a resume started while the run goes on) would
@@ -119,9 +120,20 @@ class RunDir:
         f.flush()
         return f
 
-    def release(self) -> None:
-        """Let another trainer take the directory (this one has finished with it)."""
+    def track(self, algo: str, config: Any) -> None:
+        """Start (or, for a resumed run, go on with) the run's W&B run, where config.wandb_project asks for one."""
+        if config.wandb_project is not None:
+            from shoal.tracking import WandbRun
+
+            self.wandb = WandbRun(self.path, algo, config)
+
+    def release(self, failed: bool = False) -> None:
+        """Let another trainer take the directory (this one has finished with it); its W&B run ends,
+        marked failed where ``failed``."""
         self.close()
+        if self.wandb is not None:
+            self.wandb.finish(failed)
+            self.wandb = None
         if self._lock is not None:
             self._lock.close()  # closing the file drops its flock
             self._lock = None
@@ -152,8 +164,10 @@ class RunDir:
         (self.path / LIVE).unlink(missing_ok=True)
 
     def log(self, metrics: dict[str, Any], evaluation: bool = False) -> None:
-        """One row of training (or evaluation) metrics, to CSV and TensorBoard."""
+        """One row of training (or evaluation) metrics, to CSV, TensorBoard and W&B."""
         (self.evals if evaluation else self.progress).write(metrics)
+        if self.wandb is not None:
+            self.wandb.log(metrics)
         if self._use_tb:
             if self._tb is None:
                 from torch.utils.tensorboard import SummaryWriter
@@ -164,11 +178,16 @@ class RunDir:
                 if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
 
+    def log_video(self, path: Path, env_steps: int) -> None:
+        """A video the run recorded (RUN_DIR/videos/...), to W&B where the run is tracked."""
+        if self.wandb is not None:
+            self.wandb.log_video(path, env_steps)
+
     def discard(self) -> None:
         """Undo a run that never got going (nothing in it is worth keeping): delete the directory
         if this run created it (and the parents it created, while empty), else what it wrote
         there, so the same --run-dir can be used again."""
-        self.release()
+        self.release(failed=True)
         if self.made:  # made[0] is the directory itself: its parents all existed if it did
             shutil.rmtree(self.path, ignore_errors=True)
             for parent in self.made[1:]:

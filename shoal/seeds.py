@@ -123,8 +123,10 @@ def run_seeds(config: Any, seeds: list[int], parent: Path, jobs: int = 1, consol
     mean in ``parent``/curves.png. Returns the runs' summaries (``runs``, in seed order) and their
     final evaluations' mean and std over the seeds."""
     from shoal.plot import plot_aggregate
+    from shoal.tracking import grouped
     from shoal.trainer import Interrupted
 
+    config = grouped(config, parent.name)  # the seeds' W&B runs side by side
     if jobs > 1:
         summaries = _at_once(config, seeds, parent, min(jobs, len(seeds)), report, starting)
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -224,6 +225,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
     def record() -> None:
         if recorder is not None:
             videos.append(recorder.record(algo.get_policy().module, algo.env_steps))
+            run.log_video(videos[-1], algo.env_steps)
 
     run.mark_live(algo.backend.live_store())
     try:
@@ -322,6 +324,21 @@ def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callb
             run.clear_live()  # the store stopped with the roles (a restart's fit names its new one)
 
 
+def _track(run: RunDir, name: str, config: Any, console: Console | None, label: str | None) -> None:
+    """Start the run's W&B run (where --wandb-project asks for one), and say where it is."""
+    run.track(name, config)
+    if run.wandb is not None:
+        where = run.wandb.where
+        (console or Console(stderr=True)).print(f"{label}: {where}" if label else where, soft_wrap=True,
+                                                highlight=False, markup=False)
+
+
+def _failed() -> bool:
+    """Whether the exception being raised (in a ``finally``) ends the run as a failure: not Ctrl-C's."""
+    error = sys.exc_info()[1]
+    return error is not None and not isinstance(error, Interrupted)
+
+
 def _say_ray_starts(config: Any, console: Console | None, name: str) -> None:
     """On the ray backend, say what starts before it does: Ray's start and a process per role
     that imports torch take 10 s and more (a minute for many runners on few cores) before the
@@ -349,6 +366,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
                          "or choose another --run-dir")
     run = RunDir(path, config.tensorboard)
     try:
+        _track(run, name, config, console, label)
         _say_ray_starts(config, console, name)
         algo = make(config)
     except BaseException:
@@ -369,7 +387,7 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
             run.discard()
         raise
     finally:
-        run.release()
+        run.release(failed=_failed())
 
 
 def read_run_config(run_dir: str | Path) -> dict[str, Any]:
@@ -463,6 +481,7 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
                 raise ShoalError(f"{run_dir} already had {stale} evaluations in a row no better than its best, of "
                                  f"stop_patience={config.stop_patience}: pass a larger --stop-patience (or --set "
                                  "stop_patience=null) to train on")
+            _track(run, algo, config, console, label)
             run.write_config(algo, config)  # only once the checkpoint took these settings
         except BaseException:
             instance.stop()
@@ -471,4 +490,4 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
         run.evals.truncate_after(instance.env_steps)
         return _fit_restarting(instance, run, console, callback, label)
     finally:
-        run.release()
+        run.release(failed=_failed())

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from shoal.errors import ConfigError, ShoalError
 from shoal.evaluator import format_returns
+from shoal.tracking import grouped
 
 GAMMAS = [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
 ON_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "gae_lambda": [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0],
@@ -283,8 +284,8 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
 
     def objective(trial: Any) -> float:
         drawn = {p.name: p.suggest(trial) for p in space}
-        config = cfg.build(spec.config_cls, spec.name, env=job["env"], file=job["config"],
-                           sets={**job["sets"], **drawn})
+        config = grouped(cfg.build(spec.config_cls, spec.name, env=job["env"], file=job["config"],
+                                   sets={**job["sets"], **drawn}), where.name)  # a study's W&B runs side by side
         run_dir = where / f"trial_{trial.number:04d}"
         reported: list[float] = []
 
