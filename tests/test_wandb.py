@@ -172,3 +172,14 @@ def test_wandb_that_cannot_start_ends_the_command_in_one_line_and_leaves_no_run(
     assert "pip install 'shoal[wandb]'" in capsys.readouterr().err and not run.exists()
     with pytest.raises(ConfigError, match="give --wandb-project too"):
         shoal.PPOConfig(env="CartPole-v1", wandb_group="g")
+
+
+def test_the_trials_of_a_study_are_grouped_by_its_directory(tmp_path):
+    pytest.importorskip("optuna")
+    shoal.tune("ppo", "CartPole-v1", trials=2, total_steps=256, evaluations=1, params={"lr": "log(1e-4, 1e-2)"},
+               sets={"wandb_project": "shoal-tests", "num_envs_per_runner": 4, "rollout_steps": 64,
+                     "minibatch_size": 64, "eval_episodes": 1}, study_dir=tmp_path / "study", prune=False)
+    runs = [sent(tmp_path / "study" / f"trial_{n:04d}")[0] for n in (0, 1)]
+    assert [(s["run"].run_group, s["run"].display_name) for s in runs] == [("study", "trial_0000"),
+                                                                           ("study", "trial_0001")]
+    assert runs[0]["config"]["lr"] != runs[1]["config"]["lr"]  # each trial's drawn settings
