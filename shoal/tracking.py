@@ -50,6 +50,8 @@ class WandbRun:
     @property
     def where(self) -> str:
         """The run's page, or for an offline run its files and how to upload them."""
+        if self.run.settings.mode == "disabled":
+            return "W&B: disabled (WANDB_MODE=disabled): nothing is sent"
         if self.run.offline:
             files = os.path.relpath(self.run.settings.sync_dir)
             return f"W&B (offline): {files} (upload with `wandb sync {files}`)"

@@ -183,3 +183,10 @@ def test_the_trials_of_a_study_are_grouped_by_its_directory(tmp_path):
     assert [(s["run"].run_group, s["run"].display_name) for s in runs] == [("study", "trial_0000"),
                                                                            ("study", "trial_0001")]
     assert runs[0]["config"]["lr"] != runs[1]["config"]["lr"]  # each trial's drawn settings
+
+
+def test_a_run_with_wandb_disabled_says_that_nothing_is_sent(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert main(["train", "ppo", "--total-steps", "256", "--wandb-project", "shoal-tests",
+                 "--run-dir", str(tmp_path / "run"), *FAST]) == 0
+    assert "W&B: disabled (WANDB_MODE=disabled): nothing is sent" in capsys.readouterr().err
