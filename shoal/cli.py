@@ -15,7 +15,7 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
 
 import tyro
 import tyro._arguments
@@ -901,8 +901,9 @@ def _serve(server: Any, console: Console, what: str) -> int:
 @dataclass(frozen=True)
 class TuneArgs:
     """Search an algorithm's settings with Optuna, as rl-baselines3-zoo's --optimize does: each trial
-    a whole run in a directory of its own, its settings drawn by the TPE sampler, pruned by the
-    median of the earlier trials at each evaluation, its value the final evaluation's mean return.
+    a whole run in a directory of its own, its settings drawn by the TPE sampler (--sampler), pruned by
+    the median of the earlier trials at each evaluation (--pruner), its value the final evaluation's
+    mean return.
     Writes study.db (Optuna's SQLite storage), trials.csv and best.yaml (train with it: shoal train
     ALGO --env ENV --config best.yaml) in the study directory. The same command with the same
     --study-dir runs more trials of the study."""
@@ -933,8 +934,15 @@ class TuneArgs:
     """Seed of the sampler and of every trial's run (the same for all: their settings differ, not their luck)."""
     startup_trials: int = 5
     """Trials drawn at random before TPE models the results, and before the pruner prunes."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """What draws each trial's settings: tpe (Optuna's TPE, after --startup-trials random ones) or
+    random (rl-zoo's --sampler)."""
     prune: bool = True
-    """Prune trials below the median at an evaluation (--no-prune: run every trial to its end)."""
+    """End trials early at an evaluation, as --pruner judges them (--no-prune: run every trial to its end)."""
+    pruner: Literal["median", "halving", "hyperband"] = "median"
+    """median: below the median of the earlier trials at that step, after --startup-trials complete
+    ones and a third of the steps; halving (successive halving, rl-zoo's) or hyperband: outside the
+    best third at each rung (the first evaluation's steps times 1, 3, 9, ...)."""
     timeout_s: float | None = None
     """Start no trial after this many seconds of the study."""
     n_jobs: int = 1
@@ -969,7 +977,8 @@ def cmd_tune(argv: list[str], console: Console) -> int:
     study = tune(args.algo, args.env, trials=args.trials, params=params or None, total_steps=args.total_steps,
                  evaluations=args.evaluations, sets=sets, config_file=args.config, study_dir=args.study_dir,
                  seed=args.seed, startup_trials=args.startup_trials, prune=args.prune, timeout_s=args.timeout_s,
-                 n_jobs=args.n_jobs, metric=args.metric, direction=args.direction, console=console)
+                 n_jobs=args.n_jobs, metric=args.metric, direction=args.direction, sampler=args.sampler,
+                 pruner=args.pruner, console=console)
     if study.best_value is None:
         return 1
     console.print(f"train with them: shoal train {args.algo} --env {args.env} --config {study.study_dir / 'best.yaml'}",

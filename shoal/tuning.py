@@ -160,7 +160,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
          total_steps: int | None = None, evaluations: int = 5, sets: dict[str, Any] | None = None,
          config_file: str | None = None, study_dir: str | Path | None = None, seed: int = 0,
          startup_trials: int = 5, prune: bool = True, timeout_s: float | None = None, n_jobs: int = 1,
-         metric: str = RETURN, direction: str = "maximize", console: Console | None = None) -> Study:
+         metric: str = RETURN, direction: str = "maximize", sampler: str = "tpe", pruner: str = "median",
+         console: Console | None = None) -> Study:
     """Search ``algo``'s settings on ``env`` over ``trials`` runs (more of the study in
     ``study_dir`` if it holds one). ``total_steps`` per trial (default: the preset's), each run
     evaluated ``evaluations`` times; ``sets`` and ``config_file`` fix other settings as
@@ -168,7 +169,9 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     many seconds. ``n_jobs`` processes run trials at once, sharing the study (each its share of
     ``trials``; their samplers seeded ``seed``, ``seed + 1``, ...). A trial's value is its final
     evaluation's ``metric`` (an eval.csv column: its mean return, eval/success_rate, eval/KEY of
-    ``episode_info``), to ``direction`` ('maximize' or 'minimize'). Writes ``study.db``,
+    ``episode_info``), to ``direction`` ('maximize' or 'minimize'). ``sampler`` draws the settings
+    ('tpe' or 'random'); ``pruner`` ('median', 'halving' or 'hyperband') ends trials early where
+    ``prune``. Writes ``study.db``,
     ``trials.csv`` and ``best.yaml`` (the fixed and the best searched settings: ``shoal train ALGO
     --env ENV --config best.yaml``) in ``study_dir``."""
     try:
@@ -194,6 +197,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
            f"--metric names a column of the evaluations (eval.csv): eval/return_mean, eval/success_rate, "
            f"eval/KEY of --episode-info; got {metric!r}")
     _check(direction in ("maximize", "minimize"), f"--direction is maximize or minimize, got {direction!r}")
+    _check(sampler in SAMPLERS, f"--sampler is one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    _check(pruner in PRUNERS, f"--pruner is one of {', '.join(PRUNERS)}, got {pruner!r}")
     _check(n_jobs == 1 or base.backend == "local", "--n-jobs runs trials in processes of this machine, each its "
            "own run; trials on the ray backend run one at a time (give --n-jobs 1)")
     budget = {"total_steps": steps, "eval_interval": max(1, steps // evaluations), "progress": False,
@@ -209,16 +214,20 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
               "config": config_file, "total_steps": steps, "evaluations": evaluations, "seed": seed,
               "metric": metric, "direction": direction}
     _open_study_dir(where, record)
-    study = _load_study(where, seed, startup_trials, prune, steps, direction)
+    search = {"sampler": sampler, "pruner": pruner if prune else None, "startup_trials": startup_trials,
+              "steps": steps, "evaluations": evaluations, "direction": direction}
+    study = _load_study(where, seed, search)
     job = {"algo": spec.name, "env": base.env, "space": record["space"], "sets": {**sets, **budget},
-           "config": config_file, "where": str(where), "seed": seed, "startup_trials": startup_trials,
-           "prune": prune, "steps": steps, "width": len(str(len(study.trials) + trials)),
+           "config": config_file, "where": str(where), "seed": seed, "search": search,
+           "width": len(str(len(study.trials) + trials)),
            "deadline": None if timeout_s is None else time.time() + timeout_s, "stderr": console.stderr,
-           "metric": metric, "direction": direction}
+           "metric": metric}
 
     jobs = min(n_jobs, trials)
     console.print(f"tuning {spec.name} on {base.env}: {trials} trials of {steps:,} steps"
                   + ("" if metric == RETURN else f", to {direction} {metric}")
+                  + ("" if sampler == "tpe" else f", drawn by the {sampler} sampler")
+                  + ("" if not prune or pruner == "median" else f", pruned by {pruner}")
                   + (f", {jobs} at a time" if jobs > 1 else "") + f", searching "
                   f"{'; '.join(p.describe() for p in space)}; study in {where}", markup=False, highlight=False,
                   soft_wrap=True)
@@ -253,17 +262,30 @@ def _storage(where: Path) -> Any:
                                       engine_kwargs={"connect_args": {"timeout": 60}})
 
 
-def _load_study(where: Path, seed: int, startup_trials: int, prune: bool, steps: int,
-                direction: str = "maximize") -> Any:
-    """The study in ``where`` (made if new), with the TPE sampler seeded ``seed`` and its pruner."""
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "halving", "hyperband")
+
+
+def _load_study(where: Path, seed: int, search: dict[str, Any]) -> Any:
+    """The study in ``where`` (made if new), with ``search``'s sampler seeded ``seed`` and its pruner.
+
+    A trial reports each evaluation at its env steps. The median pruner waits for
+    ``startup_trials`` complete trials and a third of the steps; successive halving (rl-zoo's
+    ``halving``) and Hyperband keep a third of the trials at each rung, rungs at the first
+    evaluation's steps times 1, 3, 9, ..."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line, not a traceback
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=steps // 3) if prune else (
-        optuna.pruners.NopPruner())
-    return optuna.create_study(study_name="shoal", storage=_storage(where), direction=direction,
-                               sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials),
-                               pruner=pruner, load_if_exists=True)
+    steps, first, startup = search["steps"], max(1, search["steps"] // search["evaluations"]), search["startup_trials"]
+    pruner = {None: lambda: optuna.pruners.NopPruner(),
+              "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=steps // 3),
+              "halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=first, reduction_factor=3),
+              "hyperband": lambda: optuna.pruners.HyperbandPruner(min_resource=first, max_resource=steps,
+                                                                  reduction_factor=3)}[search["pruner"]]()
+    sampler = (optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup) if search["sampler"] == "tpe"
+               else optuna.samplers.RandomSampler(seed=seed))
+    return optuna.create_study(study_name="shoal", storage=_storage(where), direction=search["direction"],
+                               sampler=sampler, pruner=pruner, load_if_exists=True)
 
 
 def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) -> None:
@@ -277,8 +299,7 @@ def _optimize(job: dict[str, Any], trials: int, index: int, console: Console) ->
     spec = algos.get(job["algo"])
     space = search_space(spec.name, job["space"], spec.config_cls)
     where, width = Path(job["where"]), job["width"]
-    study = _load_study(where, job["seed"] + index, job["startup_trials"], job["prune"], job["steps"],
-                        job["direction"])
+    study = _load_study(where, job["seed"] + index, job["search"])
     metric = job["metric"]
     named = "eval return" if metric == RETURN else metric
 

@@ -80,6 +80,39 @@ def test_the_same_command_adds_trials_to_the_study_and_another_search_is_refused
     assert [t["trial"] for t in rows(study)] == ["0", "1"]
 
 
+def test_the_random_sampler_draws_what_optuna_s_random_sampler_draws_from_the_seed(tmp_path):
+    """With a startup trial and TPE the later trials would be modelled; random draws each afresh."""
+    study = shoal.tune("ppo", "CartPole-v1", trials=3, total_steps=512, evaluations=1, seed=7, startup_trials=1,
+                       params={"lr": "log(1e-5, 1e-2)", "gamma": "float(0.9, 0.999)"}, sampler="random",
+                       study_dir=tmp_path / "study", prune=False)
+    reference = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+    drawn = []
+    for _ in range(3):
+        trial = reference.ask()
+        drawn.append((trial.suggest_float("lr", 1e-5, 1e-2, log=True), trial.suggest_float("gamma", 0.9, 0.999)))
+        reference.tell(trial, 0.0)
+    assert [(pytest.approx(float(t["lr"])), pytest.approx(float(t["gamma"]))) for t in study.trials] == drawn
+
+
+def test_successive_halving_prunes_at_the_first_evaluation_each_trial_below_the_best_there(tmp_path, capsys):
+    """rl-zoo's halving: a rung at the first evaluation, where a trial goes on only in the best third
+    of the trials there so far (the best one, with fewer than six), and the next rung at three times
+    its steps, past these trials' end."""
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "5", *TRIAL, "--pruner", "halving", "--sampler",
+                 "random", "--param", "lr=log(1e-5, 1e-2)", "--study-dir", str(study)]) == 0
+    assert "pruned by halving" in capsys.readouterr().out
+    firsts, outcomes = [], []
+    for t in rows(study):
+        with open(study / f"trial_{int(t['trial']):04d}" / "eval.csv") as f:
+            first = float(next(csv.DictReader(f))["eval/return_mean"])
+        outcomes.append((t["state"], int(t["env_steps"])))
+        expected = ("complete", 2048) if not firsts or first >= max(firsts) else ("pruned", 1024)
+        assert outcomes[-1] == expected, (firsts, first, outcomes)
+        firsts.append(first)
+    assert ("pruned", 1024) in outcomes and outcomes[0] == ("complete", 2048)
+
+
 def test_a_trial_whose_run_fails_is_recorded_and_the_study_goes_on(tmp_path, capsys):
     study = tmp_path / "study"
     assert main(["tune", "ppo", "--env", "FrozenLake-v1", "--trials", "2", *TRIAL, "--param", "gamma=[0.9, 0.99]",
@@ -102,6 +135,8 @@ MISTAKES = [
     (["--n-jobs", "2", "--set", "backend=ray"], "trials on the ray backend run one at a time"),
     (["--metric", "loss/value"], "--metric names a column of the evaluations (eval.csv)"),
     (["--direction", "up"], "--direction is maximize or minimize, got 'up'"),
+    (["--sampler", "grid"], "--sampler"),
+    (["--pruner", "threshold"], "--pruner"),
 ]
 
 
