@@ -941,8 +941,9 @@ class TuneArgs:
     """End trials early at an evaluation, as --pruner judges them (--no-prune: run every trial to its end)."""
     pruner: Literal["median", "halving", "hyperband"] = "median"
     """median: below the median of the earlier trials at that step, after --startup-trials complete
-    ones and a third of the steps; halving (successive halving, rl-zoo's) or hyperband: outside the
-    best third at each rung (the first evaluation's steps times 1, 3, 9, ...)."""
+    ones and a third of the steps; halving (successive halving, rl-zoo's): outside the best third at
+    each rung (the first evaluation's steps times 1, 3, 9, ...); hyperband: several such halvings,
+    each starting at a later rung."""
     timeout_s: float | None = None
     """Start no trial after this many seconds of the study."""
     n_jobs: int = 1

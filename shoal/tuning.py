@@ -271,8 +271,8 @@ def _load_study(where: Path, seed: int, search: dict[str, Any]) -> Any:
 
     A trial reports each evaluation at its env steps. The median pruner waits for
     ``startup_trials`` complete trials and a third of the steps; successive halving (rl-zoo's
-    ``halving``) and Hyperband keep a third of the trials at each rung, rungs at the first
-    evaluation's steps times 1, 3, 9, ..."""
+    ``halving``) keeps the best third of the trials at each rung, rungs at the first evaluation's
+    steps times 1, 3, 9, ...; Hyperband runs several such halvings, each starting at a later rung."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line, not a traceback

@@ -113,6 +113,14 @@ def test_successive_halving_prunes_at_the_first_evaluation_each_trial_below_the_
     assert ("pruned", 1024) in outcomes and outcomes[0] == ("complete", 2048)
 
 
+def test_a_study_pruned_by_hyperband_runs_its_trials(tmp_path, capsys):
+    study = tmp_path / "study"
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "2", *TRIAL, "--pruner", "hyperband",
+                 "--param", "lr=log(1e-5, 1e-2)", "--study-dir", str(study)]) == 0
+    assert "pruned by hyperband" in capsys.readouterr().out
+    assert rows(study)[0]["state"] == "complete" and {t["state"] for t in rows(study)} <= {"complete", "pruned"}
+
+
 def test_a_trial_whose_run_fails_is_recorded_and_the_study_goes_on(tmp_path, capsys):
     study = tmp_path / "study"
     assert main(["tune", "ppo", "--env", "FrozenLake-v1", "--trials", "2", *TRIAL, "--param", "gamma=[0.9, 0.99]",
