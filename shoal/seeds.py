@@ -5,8 +5,12 @@ goes on with all of them; DIR/curves.png plots their mean (``shoal plot DIR --ag
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import signal
 import statistics
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -151,9 +155,42 @@ def _seed_process(config: Any, run_dir: str) -> dict[str, Any]:
     """One seed's run with ``n_jobs`` (:func:`seed_run`), in a process of its own: its progress as
     plain lines labelled with its seed (live bars of several processes would overwrite each other)."""
     from shoal.algos import spec_for
+    from shoal.trainer import sigterm_as_ctrl_c
 
     console = Console(stderr=True, soft_wrap=True, force_terminal=False)
-    return seed_run(config, Path(run_dir), console, f"{spec_for(config).name} {config.env} seed {config.seed}")
+    with sigterm_as_ctrl_c():  # from its start, not only once it trains: the parent's SIGTERM ends it saved
+        return seed_run(config, Path(run_dir), console, f"{spec_for(config).name} {config.env} seed {config.seed}")
+
+
+def _worker_start() -> None:
+    """A seeds' worker process between runs ignores SIGTERM: one that died of it would break the
+    pool, which then kills the runs still saving (:func:`_seed_process` takes it as Ctrl-C)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigterm_to_runs():
+    """Within, SIGTERM to this process (a scheduler's or `timeout`'s stop) is passed on to the
+    seeds' processes, each of which saves its run and ends, and stops this one as Ctrl-C does. A
+    terminal's Ctrl-C reaches every process itself, so SIGINT is not passed on: twice, it would cut
+    the runs' checkpoints short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _at_once(config: Any, seeds: list[int], parent: Path, jobs: int, report: Report | None,
@@ -169,7 +206,8 @@ def _at_once(config: Any, seeds: list[int], parent: Path, jobs: int, report: Rep
     runs = {seed: parent / f"seed_{seed}" for seed in seeds}
     summaries: dict[int, dict] = {}
     pending, running, failure = list(seeds), {}, None
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start) as pool, _sigterm_to_runs():
         def start() -> None:  # one at a time: a run queued in the pool could not be taken back
             seed = pending.pop(0)
             if starting is not None:
@@ -177,9 +215,9 @@ def _at_once(config: Any, seeds: list[int], parent: Path, jobs: int, report: Rep
             running[pool.submit(_seed_process, dataclasses.replace(config, seed=seed, run_dir=None),
                                 str(runs[seed]))] = seed
 
-        while pending and len(running) < jobs:
-            start()
         try:
+            while pending and len(running) < jobs:
+                start()
             while running:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:

@@ -35,7 +35,7 @@ class Interrupted(ShoalError):
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c():
+def sigterm_as_ctrl_c():
     """Within, SIGTERM stops training as Ctrl-C does (checkpoint, then the resume line). Set once
     the roles run, since starting Ray installs its own SIGTERM handler; main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -229,7 +229,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
 
     run.mark_live(algo.backend.live_store())
     try:
-        with _sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
+        with sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
             advised = False  # once a run

@@ -33,3 +33,36 @@ def test_train_seeds_returns_each_runs_summary_and_their_mean_and_resume_seeds_g
     with pytest.raises(shoal.ShoalError, match="--n-jobs must be at least 1"):
         shoal.train_seeds(config, [1], run_dir=tmp_path / "other", n_jobs=0)
     assert not (tmp_path / "other").exists()
+
+
+def test_sigterm_to_the_command_alone_ends_every_running_seed_saved(tmp_path):
+    """A scheduler's or `timeout`'s stop reaches the `shoal` process only: it passes it on to the
+    seeds' processes, each of which checkpoints where it is and ends, instead of training on
+    orphaned (which, were it to fail, end within a minute: 200k steps)."""
+    import csv
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from shoal import checkpoint as ckpt
+
+    runs = tmp_path / "seeds"
+    p = subprocess.Popen([sys.executable, "-m", "shoal", "train", "ppo", "--env", "CartPole-v1", "--seeds", "0", "1",
+                          "2", "--n-jobs", "2", "--total-steps", "200000", "--no-progress", "--no-tensorboard",
+                          "--run-dir", str(runs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not all((runs / f"seed_{s}" / "progress.csv").exists() for s in (0, 1)) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
+    sizes = {}
+    for seed in (0, 1):  # each saved where it had come to
+        with open(runs / f"seed_{seed}" / "progress.csv") as f:
+            last = int(list(csv.DictReader(f))[-1]["env_steps"])
+        assert ckpt.read_meta(ckpt.resolve(runs / f"seed_{seed}"))["env_steps"] == last > 0
+        sizes[seed] = (runs / f"seed_{seed}" / "progress.csv").stat().st_size
+    assert not (runs / "seed_2").exists()  # the third never began
+    time.sleep(2)  # and no process trains on
+    assert {s: (runs / f"seed_{s}" / "progress.csv").stat().st_size for s in (0, 1)} == sizes
