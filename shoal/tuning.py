@@ -238,8 +238,9 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     shares = [trials // jobs + (i < trials % jobs) for i in range(jobs)]
     workers = _start_workers(job, shares[1:])
     try:
-        _optimize(job, shares[0], 0, console)
-        failed = _join(workers)
+        with trainer.sigterm_as_ctrl_c():  # a scheduler's or timeout's stop, which reaches this process alone
+            _optimize(job, shares[0], 0, console)
+            failed = _join(workers)
     except (trainer.Interrupted, KeyboardInterrupt):  # in a trial's run (which saved it), or between trials
         _join(workers, interrupt=True)
         _write_results(optuna.load_study(study_name="shoal", storage=_storage(where)), where, fixed, space, console,
@@ -372,8 +373,8 @@ def _start_workers(job: dict[str, Any], shares: list[int]) -> list[Any]:
 
 def _join(workers: list[Any], interrupt: bool = False) -> int:
     """Wait for the worker processes; how many failed. ``interrupt``: this one was; a terminal's
-    Ctrl-C reached them too, and a worker still running a few seconds on gets a SIGINT, which
-    ends its trial as Ctrl-C does (its run saved)."""
+    Ctrl-C reached them too, and a worker still running a few seconds on (SIGTERM reached this
+    process alone) gets a SIGINT, which ends its trial as Ctrl-C does (its run saved)."""
     import signal
 
     for w in workers if interrupt else ():

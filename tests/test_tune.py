@@ -226,3 +226,32 @@ def test_a_study_judges_trials_by_the_metric_it_is_given_in_its_direction(tmp_pa
     assert main(["tune", "ppo", "--env", "CartPole-v1", "--trials", "1", *TRIAL, "--metric", "eval/absent",
                  "--study-dir", str(tmp_path / "absent")]) == 1  # no trial gave it: none completes
     assert "failed: its evaluations gave no eval/absent" in capsys.readouterr().out
+
+
+def test_sigterm_to_the_command_alone_ends_every_process_s_trial_saved(tmp_path):
+    """A scheduler's or `timeout`'s stop reaches the `shoal` process only: it stops its own trial as
+    Ctrl-C does, then the other processes' (instead of leaving them to run on orphaned), and writes
+    the study's results so far."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    study = tmp_path / "study"
+    # pytest-xdist's workers ignore SIGINT and a child inherits that: the command restores it (a shell's does)
+    command = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "runpy.run_module('shoal.cli', run_name='__main__', alter_sys=True)")
+    p = subprocess.Popen([sys.executable, "-c", command, "tune", "ppo", "--env", "CartPole-v1", "--trials", "4",
+                          "--total-steps", "200000", "--n-jobs", "2", "--no-prune", "--param", "lr=[0.001, 0.0003]",
+                          "--study-dir", str(study)], stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
+    deadline = time.time() + 120
+    while (len(list(study.glob("trial_*/progress.csv"))) < 2) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=120)
+    err = (tmp_path / "err").read_text()
+    assert p.returncode == 130 and "interrupted; the study's trials are in" in err and "Traceback" not in err, err
+    assert sorted(t["trial"] for t in rows(study)) == ["0", "1"]  # the two that began; no other started
+    sizes = {t: t.stat().st_size for t in study.glob("trial_*/progress.csv")}
+    time.sleep(2)  # and no process trains on
+    assert {t: t.stat().st_size for t in study.glob("trial_*/progress.csv")} == sizes
