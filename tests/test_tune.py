@@ -228,30 +228,46 @@ def test_a_study_judges_trials_by_the_metric_it_is_given_in_its_direction(tmp_pa
     assert "failed: its evaluations gave no eval/absent" in capsys.readouterr().out
 
 
-def test_sigterm_to_the_command_alone_ends_every_process_s_trial_saved(tmp_path):
-    """A scheduler's or `timeout`'s stop reaches the `shoal` process only: it stops its own trial as
-    Ctrl-C does, then the other processes' (instead of leaving them to run on orphaned), and writes
-    the study's results so far."""
+def test_sigterm_to_the_command_alone_ends_the_other_processes_trials_saved(tmp_path):
+    """A scheduler's or `timeout`'s stop reaches the `shoal` process only. Here it comes once that
+    process has run its trial and waits for the other's (the sampler seeded 1 draws 1 epoch there,
+    seeded 2 draws 20 in the other process, whose trial so takes ~7x as long): the other process's
+    trial is ended saved, as Ctrl-C ends it, instead of running on orphaned, and the study's
+    results are written."""
     import signal
     import subprocess
     import sys
     import time
 
+    from shoal import checkpoint as ckpt
+
     study = tmp_path / "study"
     # pytest-xdist's workers ignore SIGINT and a child inherits that: the command restores it (a shell's does)
     command = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
                "runpy.run_module('shoal.cli', run_name='__main__', alter_sys=True)")
-    p = subprocess.Popen([sys.executable, "-c", command, "tune", "ppo", "--env", "CartPole-v1", "--trials", "4",
-                          "--total-steps", "200000", "--n-jobs", "2", "--no-prune", "--param", "lr=[0.001, 0.0003]",
-                          "--study-dir", str(study)], stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
+    p = subprocess.Popen([sys.executable, "-c", command, "tune", "ppo", "--env", "CartPole-v1", "--trials", "2",
+                          "--total-steps", "40000", "--evaluations", "1", "--n-jobs", "2", "--no-prune", "--seed", "1",
+                          "--param", "num_epochs=[20, 1]", "--set", "minibatch_size=32", "--study-dir", str(study)],
+                         stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
     deadline = time.time() + 120
-    while (len(list(study.glob("trial_*/progress.csv"))) < 2) and time.time() < deadline:
-        time.sleep(0.05)
+
+    def complete() -> int:
+        try:
+            trials = optuna.load_study(study_name="shoal", storage=f"sqlite:///{study / 'study.db'}").trials
+        except Exception:  # not made yet
+            return 0
+        return sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+
+    while not complete() and time.time() < deadline:  # the first trial has ended
+        time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=120)
     err = (tmp_path / "err").read_text()
     assert p.returncode == 130 and "interrupted; the study's trials are in" in err and "Traceback" not in err, err
-    assert sorted(t["trial"] for t in rows(study)) == ["0", "1"]  # the two that began; no other started
-    sizes = {t: t.stat().st_size for t in study.glob("trial_*/progress.csv")}
+    trials = {int(t["num_epochs"]): t for t in rows(study)}
+    assert trials[1]["state"] == "complete" and int(trials[1]["env_steps"]) >= 40000
+    slow = study / f"trial_{int(trials[20]['trial']):04d}"
+    assert 0 < ckpt.read_meta(ckpt.resolve(slow))["env_steps"] < 40000  # saved where it had come to
+    size = (slow / "progress.csv").stat().st_size
     time.sleep(2)  # and no process trains on
-    assert {t: t.stat().st_size for t in study.glob("trial_*/progress.csv")} == sizes
+    assert (slow / "progress.csv").stat().st_size == size
