@@ -10,7 +10,6 @@ import dataclasses
 import os
 import signal
 import statistics
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -168,29 +167,16 @@ def _worker_start() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-@contextlib.contextmanager
-def _sigterm_to_runs():
-    """Within, SIGTERM to this process (a scheduler's or `timeout`'s stop) is passed on to the
-    seeds' processes, each of which saves its run and ends, and stops this one as Ctrl-C does. A
+def _sigterm_to_runs() -> None:
+    """SIGTERM to this process (a scheduler's or `timeout`'s stop) is passed on to the seeds'
+    processes, each of which saves its run and ends (this one then stops as Ctrl-C stops it). A
     terminal's Ctrl-C reaches every process itself, so SIGINT is not passed on: twice, it would cut
     the runs' checkpoints short."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    import multiprocessing
 
-    def forward(signum: int, frame: Any) -> None:
-        import multiprocessing
-
-        for child in multiprocessing.active_children():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGTERM)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
 
 
 def _at_once(config: Any, seeds: list[int], parent: Path, jobs: int, report: Report | None,
@@ -201,13 +187,13 @@ def _at_once(config: Any, seeds: list[int], parent: Path, jobs: int, report: Rep
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    from shoal.trainer import Interrupted
+    from shoal.trainer import Interrupted, sigterm_as_ctrl_c
 
     runs = {seed: parent / f"seed_{seed}" for seed in seeds}
     summaries: dict[int, dict] = {}
     pending, running, failure = list(seeds), {}, None
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_start) as pool, _sigterm_to_runs():
+                             initializer=_worker_start) as pool, sigterm_as_ctrl_c(_sigterm_to_runs):
         def start() -> None:  # one at a time: a run queued in the pool could not be taken back
             seed = pending.pop(0)
             if starting is not None:

@@ -35,14 +35,17 @@ class Interrupted(ShoalError):
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c():
-    """Within, SIGTERM stops training as Ctrl-C does (checkpoint, then the resume line). Set once
-    the roles run, since starting Ray installs its own SIGTERM handler; main thread only."""
+def sigterm_as_ctrl_c(first: Callable[[], None] | None = None):
+    """Within, SIGTERM stops training as Ctrl-C does (checkpoint, then the resume line), after
+    calling ``first`` (which passes it on, say). A run sets it once its roles run, since starting
+    Ray installs its own SIGTERM handler; main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        if first is not None:
+            first()
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
