@@ -215,7 +215,7 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
               "metric": metric, "direction": direction}
     _open_study_dir(where, record)
     search = {"sampler": sampler, "pruner": pruner if prune else None, "startup_trials": startup_trials,
-              "steps": steps, "evaluations": evaluations, "direction": direction}
+              "steps": steps, "first": budget["eval_interval"], "direction": direction}
     study = _load_study(where, seed, search)
     job = {"algo": spec.name, "env": base.env, "space": record["space"], "sets": {**sets, **budget},
            "config": config_file, "where": str(where), "seed": seed, "search": search,
@@ -277,7 +277,7 @@ def _load_study(where: Path, seed: int, search: dict[str, Any]) -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial: its line, not a traceback
-    steps, first, startup = search["steps"], max(1, search["steps"] // search["evaluations"]), search["startup_trials"]
+    steps, first, startup = search["steps"], search["first"], search["startup_trials"]
     pruner = {None: lambda: optuna.pruners.NopPruner(),
               "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=steps // 3),
               "halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=first, reduction_factor=3),
