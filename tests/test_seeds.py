@@ -67,3 +67,38 @@ def test_sigterm_to_the_command_alone_ends_every_running_seed_saved(tmp_path):
     assert not (runs / "seed_2").exists()  # the third never began
     time.sleep(2)  # and no process trains on
     assert {s: (runs / f"seed_{s}" / "progress.csv").stat().st_size for s in (0, 1)} == sizes
+
+
+def test_sigterm_while_one_seeds_process_is_idle_ends_the_running_seed_saved(tmp_path):
+    """A worker whose run has ended sits idle in the pool while another seed trains: SIGTERM passed
+    on to it must not break the pool (which would leave the running seed unsaved and the command
+    hanging). Seed 0 has nothing left to train (--stop-return below its return), seed 1 never
+    began."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from shoal import checkpoint as ckpt
+
+    runs = tmp_path / "seeds"
+    shoal.train_seeds(shoal.make_config("ppo", "CartPole-v1", total_steps=512, **QUICK), [0, 1], run_dir=runs)
+    shutil.rmtree(runs / "seed_1")
+    p = subprocess.Popen([sys.executable, "-m", "shoal", "train", "--resume", str(runs), "--total-steps", "200000",
+                          "--stop-return", "-1000", "--eval-interval", "1000000", "--n-jobs", "2"],
+                         stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
+    deadline = time.time() + 120
+    while not (runs / "seed_1" / "progress.csv").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the command hung after SIGTERM") from None
+    err = (tmp_path / "err").read_text()
+    assert p.returncode == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
+    assert "(it had ended before: nothing left to train)" in err  # seed 0's process was idle
+    assert 0 < ckpt.read_meta(ckpt.resolve(runs / "seed_1"))["env_steps"] < 200000
