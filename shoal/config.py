@@ -172,6 +172,8 @@ class Config:
     """The W&B team or user the run goes to (default: the logged-in user's)."""
     wandb_group: str | None = None
     """The W&B group of the run (default: for --seeds and shoal tune, their directory's name)."""
+    wandb_tags: tuple[str, ...] = ()
+    """Tags of the W&B run (rl-zoo's --tags): --wandb-tags baseline v2."""
     log_interval: int = 1
     """Write a row of progress.csv and TensorBoard once per this many environment steps: the
     first iteration at or past each multiple, and the last one (1: every iteration). Its
@@ -216,8 +218,9 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
-        _check(self.wandb_project is not None or (self.wandb_entity is None and self.wandb_group is None),
-               "wandb_entity and wandb_group place a run tracked in W&B: give --wandb-project too")
+        _check(self.wandb_project is not None or (self.wandb_entity is None and self.wandb_group is None
+                                                  and not self.wandb_tags),
+               "wandb_entity, wandb_group and wandb_tags place a run tracked in W&B: give --wandb-project too")
         _check(self.wandb_project is None or bool(self.wandb_project.strip()), "wandb_project cannot be empty")
         _check(self.stop_patience is None or self.stop_patience >= 1, "stop_patience must be at least 1 evaluation "
                "(or None)")

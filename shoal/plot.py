@@ -12,7 +12,7 @@ MANY_RUNS = 4
 """More runs than this in one plot get one legend entry each, beside the panels."""
 
 NOT_SETTINGS = ("seed", "run_dir", "progress", "tensorboard", "log_interval", "wandb_project", "wandb_entity",
-                "wandb_group")
+                "wandb_group", "wandb_tags")
 """Config keys that do not make runs differ as an experiment: runs that differ in these alone are
 the same settings (another seed of them)."""
 

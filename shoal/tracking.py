@@ -24,20 +24,16 @@ class WandbRun:
     """One shoal run's W&B run."""
 
     def __init__(self, path: Path, algo: str, config: Any):
-        try:
-            import wandb
-        except ImportError:
-            raise ShoalError("--wandb-project tracks the run in Weights & Biases, which is not installed: "
-                             "pip install 'shoal[wandb]'") from None
         from shoal.rundir import atomic_write_text
 
-        self._wandb = wandb
+        self._wandb = wandb = require_wandb()
         id_file = path / ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(6)
         try:
             # silent: shoal says where the run is, in one line, beside its progress bar
             self.run = wandb.init(project=config.wandb_project, entity=config.wandb_entity,
-                                  group=config.wandb_group, name=path.name, id=run_id, resume="allow",
+                                  group=config.wandb_group, tags=list(config.wandb_tags), name=path.name,
+                                  id=run_id, resume="allow",
                                   dir=str(path.resolve()), settings=wandb.Settings(console="off", silent=True))
         except wandb.errors.Error as e:
             raise ShoalError(f"Weights & Biases could not start the run ({e}); or set WANDB_MODE=offline to keep "
@@ -67,6 +63,16 @@ class WandbRun:
 
     def finish(self, failed: bool = False) -> None:
         self.run.finish(exit_code=1 if failed else 0)
+
+
+def require_wandb() -> Any:
+    """The wandb module, or the one line that says how to install it."""
+    try:
+        import wandb
+    except ImportError:
+        raise ShoalError("--wandb-project tracks the run in Weights & Biases, which is not installed: "
+                         "pip install 'shoal[wandb]'") from None
+    return wandb
 
 
 def grouped(config: Any, group: str) -> Any:

@@ -27,7 +27,7 @@ from rich.console import Console
 
 from shoal.errors import ConfigError, ShoalError
 from shoal.evaluator import format_returns
-from shoal.tracking import grouped
+from shoal.tracking import grouped, require_wandb
 
 GAMMAS = [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]
 ON_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "gae_lambda": [0.8, 0.9, 0.92, 0.95, 0.98, 0.99, 1.0],
@@ -184,6 +184,8 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
     spec = algos.get(algo)
     sets = dict(sets or {})
     base = cfg.build(spec.config_cls, spec.name, env=env, file=config_file, sets=sets)
+    if base.wandb_project is not None:
+        require_wandb()  # once, not as each trial's failure
     plain = cfg.to_dict(base)  # the fixed settings as the config holds them (YAML's types: a class in Python, its path)
     sets = {k: plain[k] for k in sets if k in plain}
     space = search_space(spec.name, params, spec.config_cls)

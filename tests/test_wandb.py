@@ -88,12 +88,13 @@ def rows(path):
 def test_a_tracked_run_sends_its_settings_every_row_and_its_videos(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "ppo", "--total-steps", "768", "--eval-interval", "512", "--video-interval", "512",
-                 "--wandb-project", "shoal-tests", "--wandb-group", "mine", "--run-dir", str(run), *FAST]) == 0
+                 "--wandb-project", "shoal-tests", "--wandb-group", "mine", "--wandb-tags", "baseline", "v2",
+                 "--run-dir", str(run), *FAST]) == 0
     err = capsys.readouterr().err
     [s] = sent(run)
     assert "W&B (offline): " in err and "wandb sync" in err and "offline-run-" in err
     assert (s["run"].project, s["run"].run_group, s["run"].display_name) == ("shoal-tests", "mine", "run")
-    assert s["run"].run_id == (run / "wandb_id").read_text()
+    assert s["run"].run_id == (run / "wandb_id").read_text() and list(s["run"].tags) == ["baseline", "v2"]
     assert s["config"]["algo"] == "ppo" and s["config"]["total_steps"] == 768
     assert s["config"]["num_envs_per_runner"] == 4 and s["config"]["wandb_project"] == "shoal-tests"
     # every metric is charted against env_steps
@@ -170,8 +171,14 @@ def test_wandb_that_cannot_start_ends_the_command_in_one_line_and_leaves_no_run(
     assert main(["train", "ppo", "--total-steps", "256", "--wandb-project", "shoal-tests", "--run-dir", str(run),
                  *FAST]) == 2
     assert "pip install 'shoal[wandb]'" in capsys.readouterr().err and not run.exists()
-    with pytest.raises(ConfigError, match="give --wandb-project too"):
-        shoal.PPOConfig(env="CartPole-v1", wandb_group="g")
+    assert main(["tune", "ppo", "--env", "CartPole-v1", "--set", "wandb_project=shoal-tests", "--study-dir",
+                 str(tmp_path / "study")]) == 2  # before any trial
+    err = capsys.readouterr().err
+    assert "pip install 'shoal[wandb]'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "study").exists()
+    for place in ({"wandb_group": "g"}, {"wandb_tags": ("t",)}):
+        with pytest.raises(ConfigError, match="give --wandb-project too"):
+            shoal.PPOConfig(env="CartPole-v1", **place)
 
 
 def test_the_trials_of_a_study_are_grouped_by_its_directory(tmp_path):
