@@ -169,17 +169,32 @@ class RunDir:
         if self.wandb is not None:
             self.wandb.log(metrics)
         if self._use_tb:
-            if self._tb is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.path / "tb"))
             step = int(metrics["env_steps"])
             for key, value in metrics.items():
                 if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
+                    self._writer().add_scalar(key, value, step)
+
+    def _writer(self) -> Any:
+        """The run's TensorBoard writer, opened at its first use."""
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tb"))
+        return self._tb
 
     def log_video(self, path: Path, env_steps: int) -> None:
-        """A video the run recorded (RUN_DIR/videos/...), to W&B where the run is tracked."""
+        """A video the run recorded (RUN_DIR/videos/...): to TensorBoard as an animated GIF (its
+        images tab plays them; torch's add_video needs moviepy 1, and the GIF is what it would
+        write), and to W&B where the run is tracked."""
+        if self._use_tb:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            from shoal.evaluator import gif_of
+
+            gif, width, height = gif_of(path)
+            image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif)
+            self._writer()._get_file_writer().add_summary(Summary(value=[Summary.Value(tag="video", image=image)]),
+                                                           env_steps)
         if self.wandb is not None:
             self.wandb.log_video(path, env_steps)
 

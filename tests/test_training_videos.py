@@ -58,6 +58,45 @@ class NoFrames(gym.Wrapper):  # CartPole's spaces, and no render mode (a custom 
         self.metadata = {"render_modes": []}
 
 
+def test_tensorboard_shows_each_video_as_a_gif_of_its_frames(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "--video-interval", "512", "--total-steps", "1024", "--run-dir", str(run),
+                 *[f for f in FAST if f != "--no-tensorboard"]]) == 0
+    tb = EventAccumulator(str(run / "tb"), size_guidance={"images": 0})
+    tb.Reload()
+    gifs = tb.Images("video")
+    assert [g.step for g in gifs] == [512, 1024]  # the videos' steps
+    for g in gifs:
+        mp4 = run / "videos" / f"step_{g.step:09d}.mp4"
+        gif = Image.open(io.BytesIO(g.encoded_image_string))
+        assert gif.format == "GIF" and (g.width, g.height) == gif.size == (320, 213)  # CartPole's 600x400, scaled
+        assert gif.n_frames == frames(mp4) and gif.info["duration"] == 20  # every frame, at CartPole's 50 fps
+        with av.open(str(mp4)) as video:
+            first = next(video.decode(video=0)).reformat(width=320, height=213, format="rgb24").to_ndarray()
+        assert np.abs(np.asarray(gif.convert("RGB"), dtype=float) - first).mean() < 3  # its palette's error
+
+
+def test_a_long_video_s_gif_keeps_every_kth_frame_for_as_long(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from shoal.evaluator import gif_of, write_mp4
+
+    write_mp4(tmp_path / "long.mp4", [np.full((40, 64, 3), i % 256, np.uint8) for i in range(650)], fps=50)
+    gif, width, height = gif_of(tmp_path / "long.mp4", max_width=32, max_frames=300)
+    image = Image.open(io.BytesIO(gif))
+    assert (width, height) == image.size == (32, 20)
+    assert image.n_frames == 217 and image.info["duration"] == 60  # every 3rd frame, each 3 frames' time
+
+
 def test_an_env_with_no_frames_is_refused_in_one_line_before_training_and_leaves_no_run(tmp_path, capsys):
     gym.register("NoFramesVideo-v0", entry_point=NoFrames, max_episode_steps=50)
     run = tmp_path / "run"
