@@ -384,6 +384,8 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
     console.print(f"  plot:        {s['plot']}")
     if s.get("videos"):
         console.print(f"  videos:      {s['videos']}")
+    if s.get("wandb"):
+        console.print(f"  {s['wandb']}", markup=False, highlight=False)
 
 
 @dataclass(frozen=True)

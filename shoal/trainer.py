@@ -290,7 +290,8 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             "timed_out": (not solved and not halted and not stalled() and algo.env_steps < c.total_steps
                           and out_of_time()),
             "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s, "patience": c.stop_patience,
-            "videos": str(run.path / "videos") if videos else None}
+            "videos": str(run.path / "videos") if videos else None,
+            "wandb": run.wandb.where if run.wandb is not None else None}
 
 
 def _fit_restarting(algo: Algorithm, run: RunDir, console: Console | None, callback: Callback | None,

@@ -92,7 +92,9 @@ def test_a_tracked_run_sends_its_settings_every_row_and_its_videos(tmp_path, cap
                  "--run-dir", str(run), *FAST]) == 0
     err = capsys.readouterr().err
     [s] = sent(run)
-    assert "W&B (offline): " in err and "wandb sync" in err and "offline-run-" in err
+    where = next(line for line in err.splitlines() if line.startswith("W&B (offline): "))  # at the start, and
+    assert "offline-run-" in where and where.endswith(f"(upload with `wandb sync {where.split()[2]}`)")
+    assert f"  {where}" in err.splitlines()  # in the summary at the end
     assert (s["run"].project, s["run"].run_group, s["run"].display_name) == ("shoal-tests", "mine", "run")
     assert s["run"].run_id == (run / "wandb_id").read_text() and list(s["run"].tags) == ["baseline", "v2"]
     assert s["config"]["algo"] == "ppo" and s["config"]["total_steps"] == 768
