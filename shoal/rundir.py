@@ -169,10 +169,10 @@ class RunDir:
         if self.wandb is not None:
             self.wandb.log(metrics)
         if self._use_tb:
-            step = int(metrics["env_steps"])
+            writer, step = self._writer(), int(metrics["env_steps"])
             for key, value in metrics.items():
                 if key not in ("iteration", "env_steps") and isinstance(value, (int, float)):
-                    self._writer().add_scalar(key, value, step)
+                    writer.add_scalar(key, value, step)
 
     def _writer(self) -> Any:
         """The run's TensorBoard writer, opened at its first use."""

@@ -3,11 +3,18 @@
 
 from __future__ import annotations
 
+import csv
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import time
 
 import pytest
 
 import shoal
+from shoal import checkpoint as ckpt
 
 QUICK = {"progress": False, "tensorboard": False, "num_envs_per_runner": 4, "rollout_steps": 16,
          "minibatch_size": 32, "num_epochs": 1, "eval_episodes": 2}
@@ -35,29 +42,35 @@ def test_train_seeds_returns_each_runs_summary_and_their_mean_and_resume_seeds_g
     assert not (tmp_path / "other").exists()
 
 
+def sigterm_once_started(tmp_path, args: list[str], started: list) -> tuple[int, str]:
+    """`shoal ARGS` run, sent SIGTERM (to it alone, as a scheduler or `timeout` sends it) once every
+    path in ``started`` exists; its exit code and stderr (a file: the seeds' processes share it,
+    and a pipe would wait for them all to end)."""
+    p = subprocess.Popen([sys.executable, "-m", "shoal", *args], stdout=subprocess.DEVNULL,
+                         stderr=(tmp_path / "err").open("w"))
+    deadline = time.time() + 120
+    while not all(path.exists() for path in started) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise AssertionError("the command hung after SIGTERM") from None
+    return p.returncode, (tmp_path / "err").read_text()
+
+
 def test_sigterm_to_the_command_alone_ends_every_running_seed_saved(tmp_path):
     """A scheduler's or `timeout`'s stop reaches the `shoal` process only: it passes it on to the
     seeds' processes, each of which checkpoints where it is and ends, instead of training on
     orphaned (which, were it to fail, end within a minute: 200k steps)."""
-    import csv
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from shoal import checkpoint as ckpt
-
     runs = tmp_path / "seeds"
-    p = subprocess.Popen([sys.executable, "-m", "shoal", "train", "ppo", "--env", "CartPole-v1", "--seeds", "0", "1",
-                          "2", "--n-jobs", "2", "--total-steps", "200000", "--no-progress", "--no-tensorboard",
-                          "--run-dir", str(runs)], stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
-    deadline = time.time() + 120
-    while not all((runs / f"seed_{s}" / "progress.csv").exists() for s in (0, 1)) and time.time() < deadline:
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
-    p.wait(timeout=120)  # (the seeds' processes share its stderr: a file, which needs none of them to end)
-    err = (tmp_path / "err").read_text()
-    assert p.returncode == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
+    code, err = sigterm_once_started(tmp_path, ["train", "ppo", "--env", "CartPole-v1", "--seeds", "0", "1", "2",
+                                                "--n-jobs", "2", "--total-steps", "200000", "--no-progress",
+                                                "--no-tensorboard", "--run-dir", str(runs)],
+                                     [runs / f"seed_{s}" / "progress.csv" for s in (0, 1)])
+    assert code == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
     sizes = {}
     for seed in (0, 1):  # each saved where it had come to
         with open(runs / f"seed_{seed}" / "progress.csv") as f:
@@ -74,31 +87,12 @@ def test_sigterm_while_one_seeds_process_is_idle_ends_the_running_seed_saved(tmp
     on to it must not break the pool (which would leave the running seed unsaved and the command
     hanging). Seed 0 has nothing left to train (--stop-return below its return), seed 1 never
     began."""
-    import shutil
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from shoal import checkpoint as ckpt
-
     runs = tmp_path / "seeds"
     shoal.train_seeds(shoal.make_config("ppo", "CartPole-v1", total_steps=512, **QUICK), [0, 1], run_dir=runs)
     shutil.rmtree(runs / "seed_1")
-    p = subprocess.Popen([sys.executable, "-m", "shoal", "train", "--resume", str(runs), "--total-steps", "200000",
-                          "--stop-return", "-1000", "--eval-interval", "1000000", "--n-jobs", "2"],
-                         stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
-    deadline = time.time() + 120
-    while not (runs / "seed_1" / "progress.csv").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        raise AssertionError("the command hung after SIGTERM") from None
-    err = (tmp_path / "err").read_text()
-    assert p.returncode == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
+    code, err = sigterm_once_started(tmp_path, ["train", "--resume", str(runs), "--total-steps", "200000",
+                                                "--stop-return", "-1000", "--eval-interval", "1000000", "--n-jobs",
+                                                "2"], [runs / "seed_1" / "progress.csv"])
+    assert code == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
     assert "(it had ended before: nothing left to train)" in err  # seed 0's process was idle
     assert 0 < ckpt.read_meta(ckpt.resolve(runs / "seed_1"))["env_steps"] < 200000
