@@ -36,9 +36,10 @@ class Interrupted(ShoalError):
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c(first: Callable[[], None] | None = None):
-    """Within, SIGTERM stops training as Ctrl-C does (checkpoint, then the resume line), after
-    calling ``first`` (which passes it on, say). A run sets it once its roles run, since starting
-    Ray installs its own SIGTERM handler; main thread only."""
+    """Within, SIGTERM raises KeyboardInterrupt, as Ctrl-C does, after calling ``first`` (which
+    passes it on, say): for a process that waits on others (the seeds' and tune's) or has not begun
+    its training loop, which asks its iteration to end instead (:class:`_StopRequest`). Main thread
+    only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -53,6 +54,34 @@ def sigterm_as_ctrl_c(first: Callable[[], None] | None = None):
         yield
     finally:  # a handler set outside Python (Ray's) cannot be put back: the default then
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+class _StopRequest:
+    """Within (main thread only), Ctrl-C and SIGTERM ask the training loop to stop after its
+    iteration (``asked``; the loop then saves as at any interrupt); a second one stops it at once.
+    Raising KeyboardInterrupt at any bytecode instead can land inside a lock another thread waits
+    on: seen, a run stopped inside TensorBoard's writer queue hung in its close. A signal this
+    process ignores (a background job's SIGINT) stays ignored."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self.previous[sig] = signal.signal(sig, self._ask)
+        return self
+
+    def _ask(self, signum: int, frame: Any) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():  # one set outside Python (Ray's) cannot be put back
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 class _StepRate(ProgressColumn):
@@ -232,12 +261,18 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
 
     run.mark_live(algo.backend.live_store())
     try:
-        with sigterm_as_ctrl_c(), _progress(c.progress, console, run.path) as bar:
+        # set once the roles run: starting Ray installs its own SIGTERM handler
+        with _StopRequest() as stop, _progress(c.progress, console, run.path) as bar:
             task = bar.add_task(name, total=c.total_steps, completed=algo.env_steps, ret="-", eval="-")
             ran = False  # the time limit ends a run after an iteration, as RLlib's time_total_s does
             advised = False  # once a run
-            while (algo.env_steps < c.total_steps and not solved and not halted and not stalled()
-                   and not (ran and out_of_time())):
+
+            def more() -> bool:
+                """Whether the run has more to train."""
+                return (algo.env_steps < c.total_steps and not solved and not halted and not stalled()
+                        and not (ran and out_of_time()))
+
+            while more() and not stop.asked:
                 metrics, ran = algo.train(), True
                 if every(c.log_interval, algo.env_steps) > last_log:
                     last_log = every(c.log_interval, algo.env_steps)
@@ -266,6 +301,8 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
                            eval="-" if evaluation is None else format_returns(evaluation["eval/return_mean"])[0])
             if unlogged is not None:  # the last iteration always has its row
                 log(unlogged)
+            if stop.asked and more():
+                raise KeyboardInterrupt  # saved below, as a second Ctrl-C's is
     except KeyboardInterrupt:
         if unlogged is not None:
             log(unlogged)

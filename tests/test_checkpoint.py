@@ -2,6 +2,7 @@
 a resumed run ends where an uninterrupted one does; checkpoint writes are atomic."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -280,3 +281,26 @@ def test_serve_policy_follow_waits_for_a_local_runs_first_checkpoint(tiny, tmp_p
             client.close()
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_stop_signal_ends_the_run_after_its_iteration_and_a_second_one_at_once(tiny, tmp_path, signals):
+    """Ctrl-C and SIGTERM ask the loop to stop: the iteration under way ends whole, then the run is
+    saved there (an exception raised at any point could leave a lock another thread waits on held,
+    as one left TensorBoard's writer hanging). A second one stops it where it is, saved too."""
+    reached = []
+
+    def signalled(algo, metrics):
+        if algo.iteration == 3:
+            for _ in range(signals):
+                os.kill(os.getpid(), signal.SIGTERM)
+            reached.append(algo.env_steps)  # the rest of the iteration (here, the callback) after the signal
+        return True
+
+    run, before = tmp_path / "run", signal.getsignal(signal.SIGTERM)
+    with pytest.raises(shoal.ShoalError, match="interrupted at"):
+        shoal.train(tiny(total_steps=100_000), run_dir=run, callback=signalled)
+    meta = ckpt.read_meta(ckpt.resolve(run))
+    assert meta["iteration"] == 3
+    assert reached == ([meta["env_steps"]] if signals == 1 else [])
+    assert signal.getsignal(signal.SIGTERM) == before  # the run's handler is gone with it
