@@ -57,7 +57,11 @@ def records(path):
 
 def sent(run_dir):
     """Per W&B session of the run (one per train or resume, in order): its run record, config,
-    history rows, metric definitions and exit code."""
+    history rows, metric definitions and exit code. W&B's service process writes the files and may
+    hold the last of them until it ends, as it does with the command's process: it is ended first."""
+    import wandb
+
+    wandb.teardown()
     sessions = []
     for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
         s = {"run": None, "config": {}, "rows": [], "metrics": [], "exit_code": None}
