@@ -389,6 +389,8 @@ def _made(env_id: str, options: EnvOptions = NO_OPTIONS, **kwargs: Any) -> gym.E
         env = ImgObsWrapper(env)
     elif gives_action_mask(env):
         env = ActionMaskObservation(env, env_id)
+    elif mixed_layout(env.observation_space) is not None:
+        env = MixedObservation(env)
     elif isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
@@ -414,6 +416,9 @@ def stack_frames(env: gym.Env, n: int, name: str) -> gym.Env:
     if isinstance(space, MaskedBox):
         env.close()
         raise ShoalError(f"{name} gives an action mask: frame_stack stacks observations without one")
+    if isinstance(space, MixedBox):
+        env.close()
+        raise ShoalError(f"{name}'s observations are a Dict of images and vectors: frame_stack stacks one Box")
     if not isinstance(space, gym.spaces.Box):
         env.close()
         raise ShoalError(f"{name}'s observations are a {space}: frame_stack stacks Box observations")
@@ -490,6 +495,80 @@ class MaskedBox(gym.spaces.Box):
 
     def __repr__(self) -> str:
         return f"MaskedBox({self.shape[0] - self.mask_dim} observation entries, {self.mask_dim} action mask entries)"
+
+
+class MixedBox(gym.spaces.Box):
+    """The flat float32 observations of a Dict of images and vectors (a camera's frames beside a
+    robot's joint angles): each image's pixels as the env gives them (``images``: their shapes,
+    in the Dict's order), then the other entries flattened (one-hot for a discrete one). Policies
+    read each image with a convolutional encoder of its own and the rest as it is
+    (:class:`shoal.policy.MixedEncoder`, as stable-baselines3's MultiInputPolicy); rollouts and
+    replay keep the pixels as bytes."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, images: tuple[tuple[int, ...], ...], seed: Any = None):
+        super().__init__(low, high, dtype=np.float32, seed=seed)
+        self.images = tuple(tuple(int(d) for d in shape) for shape in images)
+        self.pixels = sum(int(np.prod(shape)) for shape in self.images)
+
+    def sample(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        """A random observation, its pixels whole numbers as an env's are."""
+        sample = super().sample(*args, **kwargs)
+        sample[:self.pixels] = np.rint(sample[:self.pixels])
+        return sample
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and getattr(other, "images", ()) == self.images
+
+    def __repr__(self) -> str:
+        shapes = ", ".join("x".join(map(str, shape)) for shape in self.images)
+        return f"MixedBox(images {shapes}; {self.shape[0] - self.pixels} vector entries)"
+
+
+def mixed_layout(space: gym.Space) -> tuple[list[str], gym.spaces.Dict | None, list[str]] | None:
+    """Where a Dict observation space holds images (uint8 Boxes of 2 or 3 dimensions) beside
+    other entries: the images' keys, then the space and keys of the rest (None and [] when
+    there is none); None for any other space. A goal env's Dict is left to its own flattening
+    (hindsight relabelling reads its goals there)."""
+    from shoal.policy import is_image
+
+    if not isinstance(space, gym.spaces.Dict) or {"achieved_goal", "desired_goal"} <= space.spaces.keys():
+        return None
+    images = [k for k, s in space.spaces.items() if is_image(s)]
+    if not images:
+        return None
+    rest = [k for k in space.spaces if k not in images]
+    return images, (gym.spaces.Dict({k: space[k] for k in rest}) if rest else None), rest
+
+
+def flatten_mixed(layout: tuple[list[str], gym.spaces.Dict | None, list[str]], obs: dict[str, Any]) -> np.ndarray:
+    """One Dict observation as the flat vector of a :class:`MixedBox`, for its :func:`mixed_layout`."""
+    images, rest_space, rest = layout
+    parts = [np.asarray(obs[k]).reshape(-1) for k in images]
+    if rest_space is not None:
+        parts.append(gym.spaces.flatten(rest_space, {k: obs[k] for k in rest}))
+    return np.concatenate(parts).astype(np.float32)
+
+
+class MixedObservation(gym.ObservationWrapper):
+    """A Dict of images and vectors as one flat float32 vector, a :class:`MixedBox`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        self.layout = mixed_layout(space)
+        assert self.layout is not None, space
+        images, rest_space, _ = self.layout
+        bounds = [(space[k].low.reshape(-1), space[k].high.reshape(-1)) for k in images]
+        if rest_space is not None:
+            with warnings.catch_warnings():  # float64 bounds become float32's, as meant
+                warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+                flat = gym.spaces.flatten_space(rest_space)
+            bounds.append((flat.low.reshape(-1), flat.high.reshape(-1)))
+        low, high = (np.concatenate(b).astype(np.float32) for b in zip(*bounds))
+        self.observation_space = MixedBox(low, high, tuple(space[k].shape for k in images))
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return flatten_mixed(self.layout, observation)
 
 
 def action_choices(space: gym.Space) -> int | None:
@@ -743,7 +822,8 @@ def all_spaces(env_id: str, kwargs: dict[str, Any] | None = None,
         while isinstance(inner, gym.Wrapper) and not isinstance(inner, gym.wrappers.FrameStackObservation):
             if isinstance(inner, InfoActionMask):  # the observation beside the mask, not their Dict
                 own = inner.env.observation_space
-            elif own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation)):
+            elif own is None and isinstance(inner, (gym.wrappers.FlattenObservation, ActionMaskObservation,
+                                                    MixedObservation)):
                 own = inner.env.observation_space
             inner = inner.env
         return env.observation_space, env.action_space, own
@@ -761,12 +841,13 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.MultiBinary):
         return {"type": "multi_binary", "n": list(space.shape)}
     if isinstance(space, gym.spaces.Box):
-        mask = {"mask_dim": space.mask_dim} if isinstance(space, MaskedBox) else {}
+        layout = ({"mask_dim": space.mask_dim} if isinstance(space, MaskedBox) else
+                  {"images": [list(shape) for shape in space.images]} if isinstance(space, MixedBox) else {})
         # Bounds equal everywhere (images' 0 and 255) are kept as one number: an Atari frame stack
         # would otherwise write 56,448 of them.
         bound = lambda a: a.flat[0].item() if a.size and np.all(a == a.flat[0]) else a.tolist()
         return {"type": "box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": bound(space.low), "high": bound(space.high), **mask}
+                "low": bound(space.low), "high": bound(space.high), **layout}
     raise ShoalError(f"unsupported space {space}: shoal handles Box, Discrete, MultiDiscrete and MultiBinary spaces")
 
 
@@ -797,6 +878,9 @@ def space_from_description(desc: dict[str, Any]) -> gym.Space:
         return gym.spaces.MultiBinary(desc["n"][0] if len(desc["n"]) == 1 else desc["n"])
     if desc["type"] == "box":
         dtype, shape = np.dtype(desc["dtype"]), tuple(desc["shape"])
+        if desc.get("images"):
+            return MixedBox(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
+                            np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["images"])
         if desc.get("mask_dim"):
             return MaskedBox(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
                              np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["mask_dim"])

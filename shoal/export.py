@@ -58,7 +58,7 @@ class DeployedPolicy(nn.Module):
     def forward(self, obs: Tensor, lstm_h: Tensor | None = None,
                 lstm_c: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         m = self.module
-        x = m.normalize(obs)
+        x = obs.float() if m.mixed else m.normalize(obs)  # a MixedEncoder reads the floats as they are
         if lstm_h is None or lstm_c is None:
             return m.env_actions(m.act(x, True))
         actions, h, c = m.act_with_memory(x, (lstm_h, lstm_c))
@@ -99,7 +99,7 @@ def sample_observations(policy: Policy, n: int, seed: int = 0) -> np.ndarray:
     """``n`` observations drawn from the policy's observation space, as the model takes them."""
     space = policy.observation_space
     space.seed(seed)
-    return np.stack([space.sample() for _ in range(n)]).astype(policy.module.input_dtype)
+    return np.stack([space.sample() for _ in range(n)]).astype(policy.module.raw_dtype)
 
 
 def export_onnx(policy: Policy, path: str | Path) -> dict[str, Any]:

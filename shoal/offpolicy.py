@@ -138,6 +138,8 @@ def critic_encoder(policy: PolicyModule) -> nn.Module | None:
     vectors as they are."""
     if policy.encoder_spec is not None:
         return policy.encoder_spec.build(policy.input_shape, policy.image)
+    if policy.mixed:
+        return policy.encoder.fresh()  # type: ignore[operator]
     return ConvEncoder(policy.input_shape) if policy.cnn else None  # type: ignore[arg-type]
 
 

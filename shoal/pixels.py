@@ -11,6 +11,11 @@ both positions from the image to act well.
 It exercises what SAC, TD3 and DDPG do with image observations (an encoder for the actor,
 another for the critics, uint8 frames through rollouts and replay) in minutes rather than the
 hours of CarRacing-v3 or a DeepMind Control task from pixels.
+
+With ``proprio=True`` the agent sees a camera and feels its own position, as a robot does: the
+observation is a Dict of ``image`` (uint8 [size, size, 1], the target alone) and ``position``
+(float32 [2], the dot's x and y over ``size``), so a policy must read the target from the pixels
+and itself from the vector.
 """
 
 from __future__ import annotations
@@ -26,17 +31,27 @@ class PixelReachEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, size: int = 10, max_steps: int = 15, render_mode: str | None = None):
+    def __init__(self, size: int = 10, max_steps: int = 15, render_mode: str | None = None, proprio: bool = False):
         if not 4 <= size <= 256:
             raise ValueError(f"size must be in [4, 256], not {size}")
-        self.size, self.max_steps, self.render_mode = size, max_steps, render_mode
-        self.observation_space = gym.spaces.Box(0, 255, (size, size, 2), np.uint8)
+        self.size, self.max_steps, self.render_mode, self.proprio = size, max_steps, render_mode, proprio
+        self.observation_space: gym.Space = gym.spaces.Box(0, 255, (size, size, 2), np.uint8)
+        if proprio:
+            self.observation_space = gym.spaces.Dict({
+                "image": gym.spaces.Box(0, 255, (size, size, 1), np.uint8),
+                "position": gym.spaces.Box(0.0, 1.0, (2,), np.float32)})
         self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
         self.pos = np.zeros(2)
         self.target = np.zeros(2, np.int64)
         self.steps = 0
 
-    def _obs(self) -> np.ndarray:
+    def _obs(self) -> Any:
+        frame = self._frame()
+        if self.proprio:
+            return {"image": frame[..., 1:], "position": (self.pos / self.size).astype(np.float32)}
+        return frame
+
+    def _frame(self) -> np.ndarray:
         frame = np.zeros((self.size, self.size, 2), np.uint8)
         x, y = np.clip(np.rint(self.pos), 0, self.size - 1).astype(np.int64)
         frame[y, x, 0] = 255
@@ -60,7 +75,7 @@ class PixelReachEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         if self.render_mode != "rgb_array":
             return None
-        frame = self._obs()
+        frame = self._frame()
         rgb = np.stack([frame[..., 0], frame[..., 1], np.zeros_like(frame[..., 0])], -1)
         return np.repeat(np.repeat(rgb, 16, 0), 16, 1)  # 16x: a visible video
 

@@ -104,10 +104,21 @@ def image_layout(shape: tuple[int, ...]) -> tuple[tuple[int, int, int], bool]:
 
 def network_input(obs_space: gym.Space) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of the network inputs made from observations of ``obs_space`` (what
-    rollouts and replay hold): uint8 [C, H, W] images, or flat float32 vectors."""
+    rollouts and replay hold): uint8 [C, H, W] images, or flat float32 vectors; for a Dict of
+    images and vectors (a :class:`shoal.envs.MixedBox`) their bytes (:func:`pack_mixed`)."""
     if is_image(obs_space):
         return image_layout(obs_space.shape)[0], np.dtype(np.uint8)
-    return (int(np.prod(obs_space.shape)),), np.dtype(np.float32)
+    width = int(np.prod(obs_space.shape))
+    if getattr(obs_space, "images", ()):
+        return (obs_space.pixels + 4 * (width - obs_space.pixels),), np.dtype(np.uint8)
+    return (width,), np.dtype(np.float32)
+
+
+def pack_mixed(obs: Tensor, pixels: int) -> Tensor:
+    """Flat float32 observations [N, D] of a :class:`shoal.envs.MixedBox` as bytes [N, pixels + 4
+    (D - pixels)]: each pixel one byte, then the vector's float32s as they lie in memory. Replay
+    holds a camera's frames in a quarter of the bytes; :class:`MixedEncoder` reads them back."""
+    return torch.cat([obs[:, :pixels].to(torch.uint8), obs[:, pixels:].float().contiguous().view(torch.uint8)], 1)
 
 
 class ConvEncoder(nn.Module):
@@ -146,6 +157,38 @@ class ConvEncoder(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x.contiguous(memory_format=self.memory_format).float() / 255.0
         return torch.relu(self.linear(self.convs(x)))
+
+
+class MixedEncoder(nn.Module):
+    """Observations of a Dict of images and vectors (a :class:`shoal.envs.MixedBox`) -> features
+    [N, out_dim]: each image through a :class:`ConvEncoder` of its own, then the vector's entries
+    as they are, side by side (stable-baselines3's CombinedExtractor, which its MultiInputPolicy
+    uses). It takes the bytes rollouts and replay hold (:func:`pack_mixed`), or the flat float32
+    observations themselves (what an ONNX export takes)."""
+
+    def __init__(self, images: tuple[tuple[int, ...], ...], vector_dim: int):
+        super().__init__()
+        self.images, self.vector_dim = tuple(images), vector_dim
+        self.layouts = [image_layout(shape) for shape in self.images]
+        self.sizes = [math.prod(shape) for shape in self.images]
+        self.pixels = sum(self.sizes)
+        self.convs = nn.ModuleList(ConvEncoder(chw) for chw, _ in self.layouts)
+        self.out_dim = sum(conv.out_dim for conv in self.convs) + vector_dim
+
+    def fresh(self) -> MixedEncoder:
+        """Another encoder of this layout, freshly initialised (the critics' own)."""
+        return MixedEncoder(self.images, self.vector_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, start, features = x.shape[0], 0, []
+        for conv, shape, ((c, h, w), last), size in zip(self.convs, self.images, self.layouts, self.sizes):
+            image = x[:, start:start + size].reshape(n, *shape)
+            features.append(conv((image.permute(0, 3, 1, 2) if last else image).reshape(n, c, h, w)))
+            start += size
+        vector = x[:, self.pixels:]
+        if x.dtype == torch.uint8:  # a copy of its own: a view's offset may not fall on a float's 4 bytes
+            vector = vector.clone(memory_format=torch.contiguous_format).view(torch.float32)
+        return torch.cat([*features, vector.float()], 1)
 
 
 class EncoderSpec(NamedTuple):
@@ -344,26 +387,38 @@ class PolicyModule(nn.Module):
         else:
             self.action_dim = int(np.prod(action_space.shape))
         self.image = is_image(obs_space)
+        # a Dict of images and vectors: the images' shapes (a MixedBox), read by a MixedEncoder
+        self.mixed: tuple[tuple[int, ...], ...] = tuple(getattr(obs_space, "images", ()))
         self.input_shape, self.input_dtype = network_input(obs_space)
+        # the dtype of the observations normalize() takes (what a deployed policy casts them to)
+        self.raw_dtype = np.dtype(np.uint8) if self.image else np.dtype(np.float32)
         self.encoder: nn.Module = nn.Identity()
         self.feature_dim = self.obs_dim
         self.encoder_spec, self.cnn = encoder, False
         if encoder is not None and not images:
             raise ShoalError(f"--encoder {encoder.path}: this algorithm's actor and critic share no encoder (trpo): "
                              "your own encoder trains with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg")
-        if self.image:
+        if self.image or self.mixed:
             if not images:
                 raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
                                  "observations train with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg (a "
                                  "convolutional encoder)")
             if normalize_obs:
                 raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
+        if self.image:
             self.channels_last = image_layout(obs_space.shape)[1]
+        if self.mixed and encoder is not None:
+            raise ShoalError(f"--encoder {encoder.path}: observations that are a Dict of images and vectors "
+                             f"({obs_space}) go through shoal's encoder, a convolutional one per image beside the "
+                             "vector; your own encoder takes a Box")
         if encoder is not None:
             self.encoder = encoder.build(self.input_shape, self.image)
             self.feature_dim = self.encoder.out_dim
         elif self.image:
             self.encoder, self.cnn = ConvEncoder(self.input_shape), True
+            self.feature_dim = self.encoder.out_dim
+        elif self.mixed:
+            self.encoder = MixedEncoder(self.mixed, self.obs_dim - obs_space.pixels)
             self.feature_dim = self.encoder.out_dim
         # over the flat vector the network takes (a stack of frames, any Box of 2+ dimensions)
         self.obs_norm = RunningNorm((self.obs_dim,)) if normalize_obs else None
@@ -392,6 +447,8 @@ class PolicyModule(nn.Module):
                 obs = obs.permute(0, 3, 1, 2)
             return obs.reshape(obs.shape[0], *self.input_shape).to(torch.uint8).contiguous()
         obs = obs.reshape(obs.shape[0], math.prod(obs.shape[1:])).float()  # (not -1: a batch may be empty)
+        if self.mixed:
+            return pack_mixed(obs, self.encoder.pixels)
         if self.obs_norm is None:
             return obs
         x = self.obs_norm(obs)
@@ -883,7 +940,7 @@ class Policy:
         """Network inputs [N, ...] of one observation or a batch (see :meth:`act`), and whether it was one."""
         obs = self.flat_observations(obs)
         shape = self.observation_space.shape
-        obs = np.asarray(obs, dtype=self.module.input_dtype)
+        obs = np.asarray(obs, dtype=self.module.raw_dtype)
         if self.module.mask_dim:
             obs = self._with_mask(obs, action_mask)
         elif action_mask is not None:
@@ -997,6 +1054,11 @@ class Policy:
 
             layout = mask_layout(raw)
             flat = lambda o: flatten_masked(*layout, o)  # noqa: E731
+        elif self.module.mixed:
+            from shoal.envs import flatten_mixed, mixed_layout
+
+            mixed = mixed_layout(raw)
+            flat = lambda o: flatten_mixed(mixed, o)  # noqa: E731
         try:
             if raw.contains(obs):
                 return flat(obs)

@@ -207,6 +207,10 @@ class PolicyServer:
             raise WireError("obs must be finite numbers")
         if policy.module.image and (obs.min() < 0 or obs.max() > 255):
             raise WireError("obs are images: their values must be in [0, 255]")
+        if policy.module.mixed and not np.all((obs[:, :policy.observation_space.pixels] >= 0) &
+                                              (obs[:, :policy.observation_space.pixels] <= 255)):
+            raise WireError(f"obs begin with images' pixels: their first {policy.observation_space.pixels} values "
+                            "must be in [0, 255]")
         request = (policy, obs, req.deterministic, _memory(policy, req, len(obs), single))
         if self.max_batch == 1:
             [(actions, version, memory)] = self._infer_batch([request])
@@ -228,7 +232,7 @@ class PolicyServer:
         out: list[Any] = [None] * len(requests)
         for (_, deterministic), idx in groups.items():
             policy = requests[idx[0]][0]
-            obs = np.concatenate([requests[i][1] for i in idx]).astype(policy.module.input_dtype, copy=False)
+            obs = np.concatenate([requests[i][1] for i in idx]).astype(policy.module.raw_dtype, copy=False)
             bounds = np.cumsum([0] + [len(requests[i][1]) for i in idx])
             rows = [slice(bounds[k], bounds[k + 1]) for k in range(len(idx))]
             if policy.module.recurrent:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bshoal.proto\x12\x08shoal.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xdc\x01\n\x05Space\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x1c\n\x03low\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1d\n\x04high\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\t\n\x01n\x18\x06 \x01(\x03\x12\r\n\x05start\x18\x07 \x01(\x03\x12\x1d\n\x04nvec\x18\x08 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06starts\x18\t \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x10\n\x08mask_dim\x18\n \x01(\x03\"~\n\x07\x45nvInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12*\n\x11observation_space\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Space\x12%\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Space\"!\n\x0f\x44\x65scribeRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"\x1d\n\x0bOpenRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"=\n\tOpenReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x1f\n\x04info\x18\x02 \x01(\x0b\x32\x11.shoal.v1.EnvInfo\";\n\x0cResetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\x04seed\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x96\x01\n\nResetReply\x12\x1c\n\x03obs\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12,\n\x04info\x18\x02 \x03(\x0b\x32\x1e.shoal.v1.ResetReply.InfoEntry\x1a<\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1e\n\x05value\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array:\x02\x38\x01\"@\n\x0bStepRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12 \n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\"\xdb\x02\n\tStepReply\x12\x1c\n\x03obs\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12 \n\x07rewards\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\x12#\n\nterminated\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\"\n\ttruncated\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\"\n\tfinal_obs\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\x12+\n\x04info\x18\x06 \x03(\x0b\x32\x1d.shoal.v1.StepReply.InfoEntry\x12#\n\nenv_errors\x18\x07 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x11\n\tenv_error\x18\x08 \x01(\t\x1a<\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1e\n\x05value\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array:\x02\x38\x01\"\x1f\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0c\n\nCloseReply\"\"\n\rPolicyRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"\xda\x01\n\nPolicyInfo\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x11observation_space\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Space\x12%\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Space\x12\x12\n\npolicy_ids\x18\x05 \x03(\t\x12.\n\x15\x65nv_observation_space\x18\x06 \x01(\x0b\x32\x0f.shoal.v1.Space\x12\x11\n\tlstm_size\x18\x07 \x01(\x05\"\x96\x01\n\nActRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x1c\n\x03obs\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x15\n\rdeterministic\x18\x03 \x01(\x08\x12\x1f\n\x06lstm_h\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06lstm_c\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\"\x7f\n\x08\x41\x63tReply\x12 \n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1f\n\x06lstm_h\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06lstm_c\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array2\xda\x02\n\nEnvService\x12\x38\n\x08\x44\x65scribe\x12\x19.shoal.v1.DescribeRequest\x1a\x11.shoal.v1.EnvInfo\x12\x32\n\x04Open\x12\x15.shoal.v1.OpenRequest\x1a\x13.shoal.v1.OpenReply\x12\x35\n\x05Reset\x12\x16.shoal.v1.ResetRequest\x1a\x14.shoal.v1.ResetReply\x12\x32\n\x04Step\x12\x15.shoal.v1.StepRequest\x1a\x13.shoal.v1.StepReply\x12<\n\nStepStream\x12\x15.shoal.v1.StepRequest\x1a\x13.shoal.v1.StepReply(\x01\x30\x01\x12\x35\n\x05\x43lose\x12\x16.shoal.v1.CloseRequest\x1a\x14.shoal.v1.CloseReply2\xb6\x01\n\rPolicyService\x12\x39\n\x08\x44\x65scribe\x12\x17.shoal.v1.PolicyRequest\x1a\x14.shoal.v1.PolicyInfo\x12/\n\x03\x41\x63t\x12\x14.shoal.v1.ActRequest\x1a\x12.shoal.v1.ActReply\x12\x39\n\tActStream\x12\x14.shoal.v1.ActRequest\x1a\x12.shoal.v1.ActReply(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bshoal.proto\x12\x08shoal.v1\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xfd\x01\n\x05Space\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x1c\n\x03low\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1d\n\x04high\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\t\n\x01n\x18\x06 \x01(\x03\x12\r\n\x05start\x18\x07 \x01(\x03\x12\x1d\n\x04nvec\x18\x08 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06starts\x18\t \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x10\n\x08mask_dim\x18\n \x01(\x03\x12\x1f\n\x06images\x18\x0b \x03(\x0b\x32\x0f.shoal.v1.Shape\"\x15\n\x05Shape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"~\n\x07\x45nvInfo\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x10\n\x08num_envs\x18\x02 \x01(\x05\x12*\n\x11observation_space\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Space\x12%\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Space\"!\n\x0f\x44\x65scribeRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"\x1d\n\x0bOpenRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"=\n\tOpenReply\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x1f\n\x04info\x18\x02 \x01(\x0b\x32\x11.shoal.v1.EnvInfo\";\n\x0cResetRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x11\n\x04seed\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x96\x01\n\nResetReply\x12\x1c\n\x03obs\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12,\n\x04info\x18\x02 \x03(\x0b\x32\x1e.shoal.v1.ResetReply.InfoEntry\x1a<\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1e\n\x05value\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array:\x02\x38\x01\"@\n\x0bStepRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12 \n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\"\xdb\x02\n\tStepReply\x12\x1c\n\x03obs\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12 \n\x07rewards\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\x12#\n\nterminated\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\"\n\ttruncated\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\"\n\tfinal_obs\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\x12+\n\x04info\x18\x06 \x03(\x0b\x32\x1d.shoal.v1.StepReply.InfoEntry\x12#\n\nenv_errors\x18\x07 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x11\n\tenv_error\x18\x08 \x01(\t\x1a<\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1e\n\x05value\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array:\x02\x38\x01\"\x1f\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0c\n\nCloseReply\"\"\n\rPolicyRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\"\xda\x01\n\nPolicyInfo\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12*\n\x11observation_space\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Space\x12%\n\x0c\x61\x63tion_space\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Space\x12\x12\n\npolicy_ids\x18\x05 \x03(\t\x12.\n\x15\x65nv_observation_space\x18\x06 \x01(\x0b\x32\x0f.shoal.v1.Space\x12\x11\n\tlstm_size\x18\x07 \x01(\x05\"\x96\x01\n\nActRequest\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x1c\n\x03obs\x18\x02 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x15\n\rdeterministic\x18\x03 \x01(\x08\x12\x1f\n\x06lstm_h\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06lstm_c\x18\x05 \x01(\x0b\x32\x0f.shoal.v1.Array\"\x7f\n\x08\x41\x63tReply\x12 \n\x07\x61\x63tions\x18\x01 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x1f\n\x06lstm_h\x18\x03 \x01(\x0b\x32\x0f.shoal.v1.Array\x12\x1f\n\x06lstm_c\x18\x04 \x01(\x0b\x32\x0f.shoal.v1.Array2\xda\x02\n\nEnvService\x12\x38\n\x08\x44\x65scribe\x12\x19.shoal.v1.DescribeRequest\x1a\x11.shoal.v1.EnvInfo\x12\x32\n\x04Open\x12\x15.shoal.v1.OpenRequest\x1a\x13.shoal.v1.OpenReply\x12\x35\n\x05Reset\x12\x16.shoal.v1.ResetRequest\x1a\x14.shoal.v1.ResetReply\x12\x32\n\x04Step\x12\x15.shoal.v1.StepRequest\x1a\x13.shoal.v1.StepReply\x12<\n\nStepStream\x12\x15.shoal.v1.StepRequest\x1a\x13.shoal.v1.StepReply(\x01\x30\x01\x12\x35\n\x05\x43lose\x12\x16.shoal.v1.CloseRequest\x1a\x14.shoal.v1.CloseReply2\xb6\x01\n\rPolicyService\x12\x39\n\x08\x44\x65scribe\x12\x17.shoal.v1.PolicyRequest\x1a\x14.shoal.v1.PolicyInfo\x12/\n\x03\x41\x63t\x12\x14.shoal.v1.ActRequest\x1a\x12.shoal.v1.ActReply\x12\x39\n\tActStream\x12\x14.shoal.v1.ActRequest\x1a\x12.shoal.v1.ActReply(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,41 +38,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ARRAY']._serialized_start=25
   _globals['_ARRAY']._serialized_end=76
   _globals['_SPACE']._serialized_start=79
-  _globals['_SPACE']._serialized_end=299
-  _globals['_ENVINFO']._serialized_start=301
-  _globals['_ENVINFO']._serialized_end=427
-  _globals['_DESCRIBEREQUEST']._serialized_start=429
-  _globals['_DESCRIBEREQUEST']._serialized_end=462
-  _globals['_OPENREQUEST']._serialized_start=464
-  _globals['_OPENREQUEST']._serialized_end=493
-  _globals['_OPENREPLY']._serialized_start=495
-  _globals['_OPENREPLY']._serialized_end=556
-  _globals['_RESETREQUEST']._serialized_start=558
-  _globals['_RESETREQUEST']._serialized_end=617
-  _globals['_RESETREPLY']._serialized_start=620
-  _globals['_RESETREPLY']._serialized_end=770
-  _globals['_RESETREPLY_INFOENTRY']._serialized_start=710
-  _globals['_RESETREPLY_INFOENTRY']._serialized_end=770
-  _globals['_STEPREQUEST']._serialized_start=772
-  _globals['_STEPREQUEST']._serialized_end=836
-  _globals['_STEPREPLY']._serialized_start=839
-  _globals['_STEPREPLY']._serialized_end=1186
-  _globals['_STEPREPLY_INFOENTRY']._serialized_start=710
-  _globals['_STEPREPLY_INFOENTRY']._serialized_end=770
-  _globals['_CLOSEREQUEST']._serialized_start=1188
-  _globals['_CLOSEREQUEST']._serialized_end=1219
-  _globals['_CLOSEREPLY']._serialized_start=1221
-  _globals['_CLOSEREPLY']._serialized_end=1233
-  _globals['_POLICYREQUEST']._serialized_start=1235
-  _globals['_POLICYREQUEST']._serialized_end=1269
-  _globals['_POLICYINFO']._serialized_start=1272
-  _globals['_POLICYINFO']._serialized_end=1490
-  _globals['_ACTREQUEST']._serialized_start=1493
-  _globals['_ACTREQUEST']._serialized_end=1643
-  _globals['_ACTREPLY']._serialized_start=1645
-  _globals['_ACTREPLY']._serialized_end=1772
-  _globals['_ENVSERVICE']._serialized_start=1775
-  _globals['_ENVSERVICE']._serialized_end=2121
-  _globals['_POLICYSERVICE']._serialized_start=2124
-  _globals['_POLICYSERVICE']._serialized_end=2306
+  _globals['_SPACE']._serialized_end=332
+  _globals['_SHAPE']._serialized_start=334
+  _globals['_SHAPE']._serialized_end=355
+  _globals['_ENVINFO']._serialized_start=357
+  _globals['_ENVINFO']._serialized_end=483
+  _globals['_DESCRIBEREQUEST']._serialized_start=485
+  _globals['_DESCRIBEREQUEST']._serialized_end=518
+  _globals['_OPENREQUEST']._serialized_start=520
+  _globals['_OPENREQUEST']._serialized_end=549
+  _globals['_OPENREPLY']._serialized_start=551
+  _globals['_OPENREPLY']._serialized_end=612
+  _globals['_RESETREQUEST']._serialized_start=614
+  _globals['_RESETREQUEST']._serialized_end=673
+  _globals['_RESETREPLY']._serialized_start=676
+  _globals['_RESETREPLY']._serialized_end=826
+  _globals['_RESETREPLY_INFOENTRY']._serialized_start=766
+  _globals['_RESETREPLY_INFOENTRY']._serialized_end=826
+  _globals['_STEPREQUEST']._serialized_start=828
+  _globals['_STEPREQUEST']._serialized_end=892
+  _globals['_STEPREPLY']._serialized_start=895
+  _globals['_STEPREPLY']._serialized_end=1242
+  _globals['_STEPREPLY_INFOENTRY']._serialized_start=766
+  _globals['_STEPREPLY_INFOENTRY']._serialized_end=826
+  _globals['_CLOSEREQUEST']._serialized_start=1244
+  _globals['_CLOSEREQUEST']._serialized_end=1275
+  _globals['_CLOSEREPLY']._serialized_start=1277
+  _globals['_CLOSEREPLY']._serialized_end=1289
+  _globals['_POLICYREQUEST']._serialized_start=1291
+  _globals['_POLICYREQUEST']._serialized_end=1325
+  _globals['_POLICYINFO']._serialized_start=1328
+  _globals['_POLICYINFO']._serialized_end=1546
+  _globals['_ACTREQUEST']._serialized_start=1549
+  _globals['_ACTREQUEST']._serialized_end=1699
+  _globals['_ACTREPLY']._serialized_start=1701
+  _globals['_ACTREPLY']._serialized_end=1828
+  _globals['_ENVSERVICE']._serialized_start=1831
+  _globals['_ENVSERVICE']._serialized_end=2177
+  _globals['_POLICYSERVICE']._serialized_start=2180
+  _globals['_POLICYSERVICE']._serialized_end=2362
 # @@protoc_insertion_point(module_scope)

@@ -17,7 +17,7 @@ class Array(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Space(_message.Message):
-    __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "start", "nvec", "starts", "mask_dim")
+    __slots__ = ("kind", "shape", "dtype", "low", "high", "n", "start", "nvec", "starts", "mask_dim", "images")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class Space(_message.Message):
     NVEC_FIELD_NUMBER: _ClassVar[int]
     STARTS_FIELD_NUMBER: _ClassVar[int]
     MASK_DIM_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     kind: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
@@ -38,7 +39,14 @@ class Space(_message.Message):
     nvec: Array
     starts: Array
     mask_dim: int
-    def __init__(self, kind: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., low: _Optional[_Union[Array, _Mapping]] = ..., high: _Optional[_Union[Array, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ..., nvec: _Optional[_Union[Array, _Mapping]] = ..., starts: _Optional[_Union[Array, _Mapping]] = ..., mask_dim: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Shape]
+    def __init__(self, kind: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., low: _Optional[_Union[Array, _Mapping]] = ..., high: _Optional[_Union[Array, _Mapping]] = ..., n: _Optional[int] = ..., start: _Optional[int] = ..., nvec: _Optional[_Union[Array, _Mapping]] = ..., starts: _Optional[_Union[Array, _Mapping]] = ..., mask_dim: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Shape, _Mapping]]] = ...) -> None: ...
+
+class Shape(_message.Message):
+    __slots__ = ("dims",)
+    DIMS_FIELD_NUMBER: _ClassVar[int]
+    dims: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dims: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EnvInfo(_message.Message):
     __slots__ = ("env_id", "num_envs", "observation_space", "action_space")

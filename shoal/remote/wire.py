@@ -62,7 +62,8 @@ def encode_space(space: gym.Space) -> pb.Space:
     """A Gymnasium space as a message."""
     if isinstance(space, gym.spaces.Box):
         return pb.Space(kind="box", shape=space.shape, dtype=space.dtype.name, low=encode(space.low),
-                        high=encode(space.high), mask_dim=getattr(space, "mask_dim", 0))
+                        high=encode(space.high), mask_dim=getattr(space, "mask_dim", 0),
+                        images=[pb.Shape(dims=shape) for shape in getattr(space, "images", ())])
     if isinstance(space, gym.spaces.Discrete):
         return pb.Space(kind="discrete", shape=(), dtype=space.dtype.name, n=int(space.n), start=int(space.start))
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -84,6 +85,8 @@ def decode_space(msg: pb.Space) -> gym.Space:
                 raise WireError(f"an action mask of {msg.mask_dim} entries in a {msg.dtype} box of shape {low.shape}: "
                                 "a mask ends a flat float32 box, after one observation entry or more")
             return MaskedBox(low, high, msg.mask_dim)
+        if msg.images:
+            return _mixed(low, high, msg)
         return gym.spaces.Box(low, high, dtype=DTYPES[msg.dtype])
     if msg.kind == "discrete":
         return gym.spaces.Discrete(msg.n, start=msg.start)
@@ -149,3 +152,18 @@ def encode_info(info: dict, num_envs: int) -> dict[str, pb.Array]:
 def decode_final_info(entries: Any) -> dict[str, np.ndarray]:
     """``info["final_info"]`` from a StepReply's info entries (see :func:`encode_info`)."""
     return {key[len(FINAL_INFO):]: decode(value) for key, value in entries.items() if key.startswith(FINAL_INFO)}
+
+
+def _mixed(low: np.ndarray, high: np.ndarray, msg: pb.Space) -> gym.Space:
+    """A box of images' pixels and a vector (:class:`shoal.envs.MixedBox`), checked: its images
+    must be 2 or 3 dimensions of at least one pixel, within a flat float32 box."""
+    from shoal.envs import MixedBox
+
+    shapes = [tuple(shape.dims) for shape in msg.images]
+    if DTYPES[msg.dtype] != np.float32 or low.ndim != 1 or len(shapes) > 64 or any(
+            len(s) not in (2, 3) or min(s) < 1 or max(s) > 1 << 16 for s in shapes):
+        raise WireError(f"images of shapes {shapes[:4]} in a {msg.dtype} box of shape {low.shape}: images have 2 or "
+                        "3 dimensions and lie in a flat float32 box")
+    if sum(int(np.prod(s)) for s in shapes) > len(low):
+        raise WireError(f"images of shapes {shapes} hold more pixels than a box of {len(low)} entries")
+    return MixedBox(low, high, shapes)
