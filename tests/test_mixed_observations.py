@@ -72,8 +72,8 @@ def test_a_dict_of_images_and_vectors_is_one_flat_box_whose_pixels_the_network_t
 
 
 def test_each_image_gets_an_encoder_of_its_own_in_the_dicts_order():
-    space = gym.spaces.Dict({"depth": gym.spaces.Box(0, 255, (6, 7), np.uint8),
-                             "speed": gym.spaces.Discrete(3),
+    space = gym.spaces.Dict({"depth": gym.spaces.Box(0, 255, (6, 7), np.uint8),  # kept in the order of its keys
+                             "compass": gym.spaces.Discrete(3),
                              "rgb": gym.spaces.Box(0, 255, (3, 40, 40), np.uint8)})
     gym.register("TwoCamerasTest-v0", entry_point=lambda: _Constant(space))
     try:
@@ -86,7 +86,7 @@ def test_each_image_gets_an_encoder_of_its_own_in_the_dicts_order():
     space.seed(0)
     sample = space.sample()  # what the env gives
     np.testing.assert_array_equal(flat[:-3], np.concatenate([sample["depth"].ravel(), sample["rgb"].ravel()]))
-    assert flat[-3:].tolist() == np.eye(3)[sample["speed"]].tolist()  # the rest one-hot, as shoal flattens it
+    assert flat[-3:].tolist() == np.eye(3)[sample["compass"]].tolist()  # the rest one-hot, as shoal flattens it
     encoder = MixedEncoder(obs_space.images, 3)
     assert [type(c) for c in encoder.convs] == [ConvEncoder, ConvEncoder]
     assert (encoder.convs[0].out_dim, encoder.convs[1].out_dim, encoder.out_dim) == (256, 512, 256 + 512 + 3)
