@@ -198,6 +198,16 @@ def test_sac_reaches_the_target_from_pixels_alone(tmp_path):
 
 
 @pytest.mark.slow
+def test_sac_reaches_the_target_from_a_camera_and_its_own_position(tmp_path):
+    """PixelReach-v0 with proprio=true: a Dict of the target's pixels and the dot's position, as a
+    robot's camera and joint sensors (SB3's MultiInputPolicy). SAC reads the image through a
+    convolutional encoder and the position beside it; seed 0 went from -8.1 to -2.2 in 6k steps."""
+    config = offpolicy("sac", "PixelReach-v0", seed=0, stop_return=-3.0, env_kwargs={"proprio": True})
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= -3.0, summary
+
+
+@pytest.mark.slow
 def test_sac_runs_on_mujocos_half_cheetah_with_its_preset(tmp_path):
     """HalfCheetah-v5's preset (rl-zoo's: SAC's defaults after 10k random steps): random actions
     score ~-280, and rl-zoo's SAC ~9,500 after 1M steps. Seed 0 had 2,248 at 35k steps and 3,469
