@@ -58,7 +58,7 @@ class DeployedPolicy(nn.Module):
     def forward(self, obs: Tensor, lstm_h: Tensor | None = None,
                 lstm_c: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         m = self.module
-        x = obs.float() if m.mixed else m.normalize(obs)  # a MixedEncoder reads the floats as they are
+        x = m.mixed_floats(obs.float()) if m.mixed else m.normalize(obs)  # a MixedEncoder reads floats too
         if lstm_h is None or lstm_c is None:
             return m.env_actions(m.act(x, True))
         actions, h, c = m.act_with_memory(x, (lstm_h, lstm_c))

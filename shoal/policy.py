@@ -403,7 +403,7 @@ class PolicyModule(nn.Module):
                 raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
                                  "observations train with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg (a "
                                  "convolutional encoder)")
-            if normalize_obs:
+            if normalize_obs and self.image:
                 raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
         if self.image:
             self.channels_last = image_layout(obs_space.shape)[1]
@@ -420,8 +420,10 @@ class PolicyModule(nn.Module):
         elif self.mixed:
             self.encoder = MixedEncoder(self.mixed, self.obs_dim - obs_space.pixels)
             self.feature_dim = self.encoder.out_dim
-        # over the flat vector the network takes (a stack of frames, any Box of 2+ dimensions)
-        self.obs_norm = RunningNorm((self.obs_dim,)) if normalize_obs else None
+        # over the flat vector the network takes (a stack of frames, any Box of 2+ dimensions), from
+        # entry norm_from on: past the pixels of a Dict of images and vectors, which the network scales
+        self.norm_from = obs_space.pixels if self.mixed else 0
+        self.obs_norm = RunningNorm((self.obs_dim - self.norm_from,)) if normalize_obs else None
         # What env_actions adds, clips to and casts to, worked out once (not per env step); not in
         # the state dict: they follow from the action space a checkpoint records.
         self.env_dtype = torch.from_numpy(np.zeros(0, action_space.dtype)).dtype
@@ -448,11 +450,19 @@ class PolicyModule(nn.Module):
             return obs.reshape(obs.shape[0], *self.input_shape).to(torch.uint8).contiguous()
         obs = obs.reshape(obs.shape[0], math.prod(obs.shape[1:])).float()  # (not -1: a batch may be empty)
         if self.mixed:
-            return pack_mixed(obs, self.encoder.pixels)
+            return pack_mixed(self.mixed_floats(obs), self.norm_from)
         if self.obs_norm is None:
             return obs
         x = self.obs_norm(obs)
         return torch.cat([x[:, :-self.mask_dim], obs[:, -self.mask_dim:]], 1) if self.mask_dim else x
+
+    def mixed_floats(self, obs: Tensor) -> Tensor:
+        """Flat observations [N, D] of a Dict of images and vectors as the network reads them, in
+        floats: the pixels as they are, the vector normalised where the policy normalises (what
+        :func:`pack_mixed` stores as bytes, and an ONNX export takes in)."""
+        if self.obs_norm is None:
+            return obs
+        return torch.cat([obs[:, :self.norm_from], self.obs_norm(obs[:, self.norm_from:])], 1)
 
     def legal(self, x: Tensor) -> Tensor | None:
         """The legal actions [N, action_dim] (bool) of network inputs ``x``: the mask in their

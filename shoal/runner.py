@@ -151,7 +151,7 @@ class EnvRunner:
         m, env, B = self.policy, self.env, self.env.num_envs
         obs_dim = int(np.prod(env.single_observation_space.shape))
         obs = np.empty((num_steps, B, *m.input_shape), m.input_dtype)
-        raw = np.empty((num_steps, B, obs_dim), np.float32) if m.obs_norm is not None else None
+        raw = np.empty((num_steps, B, obs_dim - m.norm_from), np.float32) if m.obs_norm is not None else None
         actions = None
         logp = np.empty((num_steps, B), np.float32)
         rewards = np.empty((num_steps, B), np.float32)
@@ -168,7 +168,7 @@ class EnvRunner:
         m.start_rollout()
         for t in range(num_steps):
             if raw is not None:
-                raw[t] = self.obs.reshape(B, obs_dim)
+                raw[t] = self.obs.reshape(B, obs_dim)[:, m.norm_from:]
             if m.mask_dim:
                 self._check_mask(self.obs, m.mask_dim)
             if central:  # one request per step; the server batches it with other runners'
@@ -241,7 +241,7 @@ class EnvRunner:
             terminated=terminated, truncated=truncated, last_obs=last_obs,
             final_idx=np.asarray(final_idx, np.int64).reshape(-1, 2), final_obs=final_obs,
             policy_id=self.policy_id, policy_version=self.version, runner_id=self.runner_id,
-            obs_moments=Moments.of(raw.reshape(-1, obs_dim)) if raw is not None else None,
+            obs_moments=Moments.of(raw.reshape(-1, obs_dim - m.norm_from)) if raw is not None else None,
             episode_returns=returns, episode_lengths=lengths, episode_infos=infos,
             return_moments=Moments.of(discounted.reshape(-1)) if discounted is not None else None,
             memory=memory,

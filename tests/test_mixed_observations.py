@@ -170,8 +170,6 @@ def test_what_cannot_take_them_says_so(capsys):
     config = shoal.make_config("trpo", "PixelReach-v0", env_kwargs=PROPRIO)
     with pytest.raises(ShoalError, match=r"takes vector observations, not images \(MixedBox\(images 10x10x1; 2 "):
         shoal.algos.spec_for(config).make_policy(config, space, actions)
-    with pytest.raises(ShoalError, match="normalize_obs is for vector observations"):
-        ActorCritic(space, actions, normalize_obs=True, images=True)
     with pytest.raises(ShoalError, match=r"frame_stack stacks one Box"):
         make_env("PixelReach-v0", kwargs=PROPRIO, options=EnvOptions(frame_stack=2))
     from shoal.cli import main
@@ -183,10 +181,31 @@ def test_what_cannot_take_them_says_so(capsys):
     assert code == 2 and "go through shoal's encoder, a convolutional one per image beside the vector" in err, err
 
 
-def test_a_policy_for_them_exports_to_onnx_as_it_acts(tmp_path):
+def test_normalize_obs_normalises_the_vector_and_leaves_the_pixels_to_the_network(tmp_path):
+    config = shoal.make_config("ppo", "PixelReach-v0", env_kwargs=PROPRIO, normalize_obs=True, num_envs_per_runner=2,
+                               rollout_steps=32, minibatch_size=32, total_steps=128, eval_interval=0, progress=False,
+                               tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    m = shoal.load_policy(summary["checkpoint"]).module
+    norm = m.obs_norm
+    assert norm.mean.shape == (2,) and int(norm.count) == 128  # the position's entries only, every step's
+    assert (0 < norm.mean).all() and (norm.mean < 1).all() and (norm.var > 0).all()
+    env = make_env("PixelReach-v0", kwargs=PROPRIO)
+    obs = torch.as_tensor(np.stack([env.reset(seed=s)[0] for s in range(4)]))
+    x = m.normalize(obs)
+    np.testing.assert_array_equal(x[:, :100].numpy(), obs[:, :100].numpy())
+    expected = ((obs[:, 100:].double() - norm.mean) / torch.sqrt(norm.var + 1e-8)).float()
+    torch.testing.assert_close(torch.as_tensor(x[:, 100:].numpy().view(np.float32)), expected)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_policy_for_them_exports_to_onnx_as_it_acts(normalize, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     space, actions = env_spaces("LookAndListenTest-v0")
-    policy = Policy(ActorCritic(space, actions, images=True))
+    policy = Policy(ActorCritic(space, actions, images=True, normalize_obs=normalize))
+    if normalize:  # a normaliser that moves the flag a long way
+        policy.module.obs_norm.mean.fill_(0.5)
+        policy.module.obs_norm.var.fill_(1e-4)
     report = policy.export_onnx(tmp_path / "p.onnx")
     assert report["inputs"]["obs"] == ([65], "float32")  # the flat vector, whose pixels are whole numbers
     env = make_env("LookAndListenTest-v0")
