@@ -133,7 +133,8 @@ def test_runners_and_replay_keep_the_pixels_as_bytes_and_the_critics_read_them_w
     assert positions.shape == (40, 2) and ((0 <= positions) & (positions <= 1)).all() and positions.std() > 0
     with shoal.make(config) as algo:
         learner = algo.learner.obj
-        assert isinstance(learner.critics.encoder, MixedEncoder) and learner.critics.encoder is not learner.policy.encoder
+        critics = learner.critics.encoder
+        assert isinstance(critics, MixedEncoder) and critics is not learner.policy.encoder
 
 
 def test_ppo_learns_what_needs_both_the_image_and_the_vector(tmp_path):
