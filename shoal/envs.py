@@ -390,7 +390,9 @@ def _made(env_id: str, options: EnvOptions = NO_OPTIONS, **kwargs: Any) -> gym.E
     elif gives_action_mask(env):
         env = ActionMaskObservation(env, env_id)
     elif mixed_layout(env.observation_space) is not None:
-        env = MixedObservation(env)
+        if options.frame_stack is not None and options.frame_stack > 1:  # each entry, before the flattening
+            env = stack_frames(env, options.frame_stack, name)
+        return MixedObservation(env)
     elif isinstance(env.observation_space, FLATTENED):
         from gymnasium.wrappers import DtypeObservation, FlattenObservation
 
@@ -407,38 +409,69 @@ def stack_frames(env: gym.Env, n: int, name: str) -> gym.Env:
     first observation of an episode repeated before it, as there). Vectors [D] become [n, D];
     images gain channels: n x C for HWC frames ([H, W, n x C], the oldest first), [n, H, W] for
     2-D ones, as Atari's stack is. The stack must stay recognisable as an image's channels (the
-    smallest dimension, :func:`shoal.policy.image_layout`)."""
+    smallest dimension, :func:`shoal.policy.image_layout`). A Dict of images and vectors (before
+    shoal flattens it) has each entry stacked so, as stable-baselines3's VecFrameStack does."""
     from gymnasium.wrappers import FrameStackObservation, TransformObservation
 
-    from shoal.policy import image_layout, is_image
+    from shoal.policy import is_image
 
     space = env.observation_space
     if isinstance(space, MaskedBox):
         env.close()
         raise ShoalError(f"{name} gives an action mask: frame_stack stacks observations without one")
-    if isinstance(space, MixedBox):
-        env.close()
-        raise ShoalError(f"{name}'s observations are a Dict of images and vectors: frame_stack stacks one Box")
+    if mixed_layout(space) is not None:
+        return _stack_dict(env, n, name)
     if not isinstance(space, gym.spaces.Box):
         env.close()
         raise ShoalError(f"{name}'s observations are a {space}: frame_stack stacks Box observations")
     stacked = FrameStackObservation(env, n)
     if not is_image(space):
         return stacked  # [n, *shape]: the policies flatten it
+    to_channels, channels = _image_stack(space, stacked.observation_space, n, f"{name}'s images", stacked)
+    return stacked if to_channels is None else TransformObservation(stacked, to_channels, channels)
+
+
+def _stack_dict(env: gym.Env, n: int, name: str) -> gym.Env:
+    """:func:`stack_frames` of a Dict of images and vectors: each image's stack as its channels,
+    each other entry [n, ...]."""
+    from gymnasium.wrappers import FrameStackObservation, TransformObservation
+
+    from shoal.policy import is_image
+
+    stacked = FrameStackObservation(env, n)
+    spaces, convert = dict(stacked.observation_space.spaces), {}
+    for key, space in env.observation_space.spaces.items():
+        if is_image(space):
+            fn, spaces[key] = _image_stack(space, spaces[key], n, f"{name}'s images {key!r}", stacked)
+            if fn is not None:
+                convert[key] = fn
+    if not convert:
+        return stacked
+    return TransformObservation(stacked, lambda o: {k: convert[k](v) if k in convert else v for k, v in o.items()},
+                                gym.spaces.Dict(spaces))
+
+
+def _image_stack(space: gym.spaces.Box, stack: gym.spaces.Box, n: int, what: str,
+                 stacked: gym.Env) -> tuple[Callable[[np.ndarray], np.ndarray] | None, gym.spaces.Box]:
+    """How a stack [n, *shape] of images of ``space`` (``stack``, its space) becomes one image with
+    n times the channels: the function (None where [n, H, W] is one already) and its space. A stack
+    that would not be read as channels closes ``stacked`` and is refused."""
+    from shoal.policy import image_layout
+
     (c, h, w), last = image_layout(space.shape)
     shape = (h, w, n * c) if last else (n * c, h, w)
     if image_layout(shape) != ((n * c, h, w), last):
         stacked.close()
-        raise ShoalError(f"frame_stack {n} of {name}'s images {space.shape} gives {n * c} channels, more than the "
+        raise ShoalError(f"frame_stack {n} of {what} {space.shape} gives {n * c} channels, more than the "
                          "images have pixels a side: stack fewer")
     if len(space.shape) == 2:
-        return stacked  # [n, H, W] already
+        return None, stack  # [n, H, W] already
     if last:  # [n, H, W, C] -> [H, W, n x C]
         to_channels = lambda o: np.ascontiguousarray(np.moveaxis(o, 0, 2)).reshape(shape)  # noqa: E731
     else:  # [n, C, H, W] -> [n x C, H, W]
         to_channels = lambda o: o.reshape(shape)  # noqa: E731
-    low, high = (to_channels(b) for b in (stacked.observation_space.low, stacked.observation_space.high))
-    return TransformObservation(stacked, to_channels, gym.spaces.Box(low, high, dtype=space.dtype))
+    low, high = (to_channels(b) for b in (stack.low, stack.high))
+    return to_channels, gym.spaces.Box(low, high, dtype=space.dtype)
 
 
 class InfoActionMask(gym.Wrapper):

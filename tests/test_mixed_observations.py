@@ -166,13 +166,35 @@ def test_the_deployed_policy_takes_the_envs_dicts_and_the_flat_vectors_alike(tmp
     assert main(["eval", str(tmp_path / "run"), "--episodes", "2"]) == 0
 
 
+def test_frame_stack_stacks_each_entry_the_images_as_channels_as_sb3s_vec_frame_stack(tmp_path):
+    env = make_env("PixelReach-v0", kwargs=PROPRIO, options=EnvOptions(frame_stack=3))
+    assert env.observation_space.images == ((10, 10, 3),) and env.observation_space.shape == (300 + 6,)
+    raw = gym.make("PixelReach-v0", proprio=True)
+    seen = [raw.reset(seed=4)[0]] * 3  # the first observation repeated before it, as Gymnasium's stack does
+    flat, _ = env.reset(seed=4)
+    for action in (np.ones(2), -np.ones(2)):
+        seen.append(raw.step(action)[0])
+        flat = env.step(action)[0]
+    last = seen[-3:]  # the oldest first: the image's channels, then the positions
+    np.testing.assert_array_equal(flat[:300], np.concatenate([o["image"] for o in last], -1).reshape(-1))
+    np.testing.assert_array_equal(flat[300:], np.concatenate([o["position"] for o in last]))
+    config = shoal.make_config("ppo", "PixelReach-v0", env_kwargs=PROPRIO, frame_stack=3, num_envs_per_runner=2,
+                               rollout_steps=16, minibatch_size=32, total_steps=64, eval_interval=0, progress=False,
+                               tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path / "run")
+    policy = shoal.load_policy(summary["checkpoint"])
+    assert policy.module.encoder.convs[0].convs[0].in_channels == 3
+    assert policy.act(policy.make_env().reset(seed=0)[0]).shape == (2,)
+
+
 def test_what_cannot_take_them_says_so(capsys):
     space, actions = env_spaces("PixelReach-v0", PROPRIO)
     config = shoal.make_config("trpo", "PixelReach-v0", env_kwargs=PROPRIO)
     with pytest.raises(ShoalError, match=r"takes vector observations, not images \(MixedBox\(images 10x10x1; 2 "):
         shoal.algos.spec_for(config).make_policy(config, space, actions)
-    with pytest.raises(ShoalError, match=r"frame_stack stacks one Box"):
-        make_env("PixelReach-v0", kwargs=PROPRIO, options=EnvOptions(frame_stack=2))
+    with pytest.raises(ShoalError, match=r"frame_stack 12 of environment 'PixelReach-v0''s images 'image' "
+                                         r"\(10, 10, 1\) gives 12 channels"):
+        make_env("PixelReach-v0", kwargs=PROPRIO, options=EnvOptions(frame_stack=12))
     from shoal.cli import main
 
     capsys.readouterr()
