@@ -957,6 +957,16 @@ class TuneArgs:
     direction: str = "maximize"
     """maximize or minimize --metric."""
 
+    # rl-zoo's --optimize flags and shoal train's, as shoal tune names them (config.peer_hint)
+    PEER_NAMES = {
+        "n_trials": ("rl-zoo's", {"trials": ""}),
+        "n_startup_trials": ("rl-zoo's", {"startup_trials": ""}),
+        "n_evaluations": ("rl-zoo's", {"evaluations": ""}),
+        "storage": ("rl-zoo's", {"study_dir": " (its study.db is Optuna's SQLite storage)"}),
+        "study_name": ("rl-zoo's", {"study_dir": " (a study is its directory)"}),
+        "run_dir": ("shoal train's", {"study_dir": " here (each trial's run is a directory in it)"}),
+    }
+
 
 def cmd_tune(argv: list[str], console: Console) -> int:
     from shoal.config import parse_set

@@ -363,9 +363,10 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
 
 def peer_hint(cls: type, name: str, flags: bool = False) -> str | None:
     """What shoal calls a setting that stable-baselines3 or RLlib call ``name`` (a flag's spelling
-    or a key's), if ``cls`` has it: "SB3's clip_range: shoal calls it --clip". None otherwise."""
+    or a key's), if ``cls`` has it: "SB3's clip_range: shoal calls it --clip". None otherwise. A
+    class's own ``PEER_NAMES`` (a command's arguments) add to the table."""
     key = name.lstrip("-").replace("-", "_")
-    whose, ours = PEER_NAMES.get(key, ("", {}))
+    whose, ours = {**PEER_NAMES, **getattr(cls, "PEER_NAMES", {})}.get(key, ("", {}))
     ours_here = [(n, note) for n, note in ours.items() if n in field_names(cls)]
     if not ours_here or key in field_names(cls):
         return None

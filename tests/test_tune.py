@@ -145,6 +145,10 @@ MISTAKES = [
     (["--direction", "up"], "--direction is maximize or minimize, got 'up'"),
     (["--sampler", "grid"], "--sampler"),
     (["--pruner", "threshold"], "--pruner"),
+    (["--n-trials", "5", "--n-startup-trials", "2"],  # rl-zoo's names, and shoal train's, get shoal tune's
+     "rl-zoo's n_trials: shoal calls it --trials; rl-zoo's n_startup_trials: shoal calls it --startup-trials"),
+    (["--run-dir", "runs/x"], "shoal train's run_dir: shoal calls it --study-dir here (each trial's run is a "),
+    (["--n-timesteps", "1000"], "rl-zoo's n_timesteps: shoal calls it --total-steps"),
 ]
 
 
