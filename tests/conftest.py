@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -112,3 +113,22 @@ def check_asynchronous_loop(run_dir, num_env_runners):
     assert max(float(r["learner/policy_lag_max"]) for r in rows) >= 1
     assert all(float(r["learner/queue_depth"]) <= 2 * num_env_runners for r in rows)
     assert float(rows[-1]["learner/dropped_rollouts"]) == 0
+
+
+@contextlib.contextmanager
+def serving(env_id, run_dir):
+    """A PPO policy trained for 32 steps on ``env_id`` in ``run_dir``, served by a policy server
+    (batches of up to 8): yields the policy and a client of the server."""
+    import shoal
+    from shoal.remote.policyserver import PolicyClient, PolicyServer
+
+    config = shoal.make_config("ppo", env_id, num_envs_per_runner=2, rollout_steps=16, minibatch_size=32,
+                               total_steps=32, eval_interval=0, progress=False, tensorboard=False)
+    shoal.train(config, run_dir=run_dir)
+    server = PolicyServer({"default": run_dir}, port=0, max_batch=8, max_wait_ms=5).start()
+    client = PolicyClient(server.address)
+    try:
+        yield shoal.load_policy(run_dir), client
+    finally:
+        client.close()
+        server.stop(grace=0)

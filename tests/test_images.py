@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import serving
 
 import shoal
 from shoal.algos.dqn import QNetwork
@@ -230,15 +231,7 @@ def test_image_observations_cross_the_wire_as_uint8_and_central_inference_serves
 def test_the_policy_server_serves_an_image_policy_as_it_acts(tmp_path):
     import grpc
 
-    from shoal.remote.policyserver import PolicyClient, PolicyServer
-
-    config = shoal.make_config("ppo", "MiniGrid-Empty-5x5-v0", num_envs_per_runner=2, rollout_steps=16,
-                               minibatch_size=32, total_steps=32, eval_interval=0, progress=False, tensorboard=False)
-    shoal.train(config, run_dir=tmp_path / "run")
-    policy = shoal.load_policy(tmp_path / "run")
-    server = PolicyServer({"default": tmp_path / "run"}, port=0, max_batch=8, max_wait_ms=5).start()
-    client = PolicyClient(server.address)
-    try:
+    with serving("MiniGrid-Empty-5x5-v0", tmp_path / "run") as (policy, client):
         obs = np.random.default_rng(0).integers(0, 11, (16, 7, 7, 3), dtype=np.uint8)
         expected = policy.act(obs)
         np.testing.assert_array_equal(np.concatenate([client.act(obs[i:i + 4])[0] for i in range(0, 16, 4)]), expected)
@@ -246,6 +239,3 @@ def test_the_policy_server_serves_an_image_policy_as_it_acts(tmp_path):
         with pytest.raises(shoal.ServerError) as e:
             client.act(np.full((1, 7, 7, 3), 300.0, np.float32))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "[0, 255]" in e.value.details()
-    finally:
-        client.close()
-        server.stop(grace=0)

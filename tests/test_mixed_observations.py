@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import serving
 
 import shoal
 from shoal.envs import EnvOptions, MixedBox, describe_space, env_spaces, make_env, space_from_description
@@ -241,7 +242,6 @@ def test_they_cross_the_wire_from_an_env_server_and_the_policy_server_serves_the
     import grpc
 
     from shoal.remote.envserver import EnvServer
-    from shoal.remote.policyserver import PolicyClient, PolicyServer
 
     server = EnvServer("PixelReach-v0", 2, env_kwargs=PROPRIO).start()
     try:
@@ -254,13 +254,7 @@ def test_they_cross_the_wire_from_an_env_server_and_the_policy_server_serves_the
     finally:
         server.stop(grace=0)
 
-    config = shoal.make_config("ppo", "LookAndListenTest-v0", num_envs_per_runner=2, rollout_steps=16,
-                               minibatch_size=32, total_steps=32, eval_interval=0, progress=False, tensorboard=False)
-    shoal.train(config, run_dir=tmp_path / "run")
-    policy = shoal.load_policy(tmp_path / "run")
-    server = PolicyServer({"default": tmp_path / "run"}, port=0, max_batch=8, max_wait_ms=5).start()
-    client = PolicyClient(server.address)
-    try:
+    with serving("LookAndListenTest-v0", tmp_path / "run") as (policy, client):
         env = make_env("LookAndListenTest-v0")
         obs = np.stack([env.reset(seed=s)[0] for s in range(16)])
         expected = policy.act(obs)
@@ -271,6 +265,3 @@ def test_they_cross_the_wire_from_an_env_server_and_the_policy_server_serves_the
             client.act(bad)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "first 64 values must be in [0, 255]" in (
             e.value.details())
-    finally:
-        client.close()
-        server.stop(grace=0)
