@@ -361,6 +361,8 @@ def _report_seeds(config: Any, run: Any, args: tuple, total: int, n_jobs: int, c
                   + ", ".join(f"seed {seed}: {r}" for seed, r in zip(seeds, each))
                   + (f"; {result['solved']} of {len(seeds)} solved" if config.stop_return is not None else "")
                   + ")", highlight=False)
+    if len(seeds) > 1:
+        console.print(_iqm_line(result["eval_return_iqm"], *result["eval_return_iqm_ci"], "seeds"), highlight=False)
     console.print(f"plot of their mean: {result['plot']}", highlight=False)
     return 0
 
@@ -459,7 +461,19 @@ def cmd_eval(argv: list[str], console: Console) -> int:
 
         mean, std = format_returns(float(np.mean(means)), float(np.std(means)))
         console.print(f"{len(runs)} runs: return {mean} ± {std} over the runs' mean returns")
+        if len(runs) > 1:
+            from shoal.seeds import iqm_interval
+
+            console.print(_iqm_line(*iqm_interval(means), "runs"), highlight=False)
     return 0
+
+
+def _iqm_line(middle: float, low: float, high: float, what: str) -> str:
+    """The interquartile mean of several runs' returns and its bootstrap interval, as one line."""
+    from shoal.evaluator import format_returns
+
+    middle_, low_, high_ = format_returns(middle, low, high)
+    return f"  IQM {middle_}, 95% CI {low_} to {high_} (bootstrap over the {what}; rliable's interquartile mean)"
 
 
 def _evaluate_one(args: EvalArgs, path, video: str | None, console: Console) -> tuple[str, dict]:

@@ -24,6 +24,33 @@ Report = Callable[[int, dict[str, Any], int], None]
 """Called as each seed's run ends: (seed, its summary, how many have ended)."""
 
 
+BOOTSTRAP_SAMPLES = 10_000
+
+
+def iqm(values: Any) -> float:
+    """The interquartile mean: the mean of the values left once a quarter of them (rounded down)
+    is cut from each end, as rliable computes it (scipy's ``trim_mean(values, 0.25)``)."""
+    import numpy as np
+
+    x = np.sort(np.asarray(values, np.float64))
+    cut = int(0.25 * len(x))
+    return float(x[cut:len(x) - cut].mean())
+
+
+def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """The IQM of runs' scores and a percentile bootstrap interval of it over the runs (resampled
+    with replacement, BOOTSTRAP_SAMPLES times): what Agarwal et al. (2021, "Deep RL at the edge of
+    the statistical precipice") recommend reporting for a few runs, rather than a mean alone."""
+    import numpy as np
+
+    x = np.asarray(values, np.float64)
+    resampled = np.sort(x[np.random.default_rng(seed).integers(0, len(x), (BOOTSTRAP_SAMPLES, len(x)))], 1)
+    cut = int(0.25 * len(x))
+    iqms = resampled[:, cut:len(x) - cut].mean(1)
+    low, high = np.quantile(iqms, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return iqm(x), float(low), float(high)
+
+
 def train_seeds(config: Any, seeds: list[int], run_dir: str | Path | None = None, n_jobs: int = 1,
                 console: Console | None = None, report: Report | None = None,
                 starting: Callable[[int, Path], None] | None = None) -> dict[str, Any]:
@@ -145,8 +172,10 @@ def run_seeds(config: Any, seeds: list[int], parent: Path, jobs: int = 1, consol
             if report is not None:
                 report(seed, summaries[-1], len(summaries))
     finals = [s["eval_return_mean"] for s in summaries]
+    middle, low, high = iqm_interval(finals)
     return {"run_dir": str(parent), "seeds": seeds, "runs": summaries, "eval_return_mean": statistics.fmean(finals),
-            "eval_return_std": statistics.pstdev(finals), "solved": sum(s["solved"] for s in summaries),
+            "eval_return_std": statistics.pstdev(finals), "eval_return_iqm": middle, "eval_return_iqm_ci": (low, high),
+            "solved": sum(s["solved"] for s in summaries),
             "plot": str(plot_aggregate([s["run_dir"] for s in summaries], parent / "curves.png"))}
 
 

@@ -363,6 +363,9 @@ def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tm
               for seed in (3, 5)]
     line = next(line for line in err.splitlines() if line.startswith("2 seeds: final eval return"))
     assert f"± {statistics.pstdev(finals):.1f}" in line and "seed 3: " in line and "seed 5: " in line, line
+    iqm_line = err.splitlines()[err.splitlines().index(line) + 1]  # of two: their mean, and the bootstrap's range
+    assert iqm_line.startswith(f"  IQM {np.mean(finals):.1f}, 95% CI {min(finals):.1f} to {max(finals):.1f} "
+                               "(bootstrap over the seeds"), iqm_line
     assert (runs / "curves.png").exists()
     # shoal eval of the directory evaluates each seed's run, then their mean over the runs
     code, out, err = run_cli(capsys, "eval", str(runs), "--episodes", "2")
@@ -371,6 +374,7 @@ def test_train_with_seeds_runs_each_in_turn_and_reports_them_together(capsys, tm
     per_run = [float(re.search(r"return (\S+) ±", line)[1]) for line in lines[:2]]
     assert [f"seed_{seed}" in line for line, seed in zip(lines, (3, 5))] == [True, True], lines
     assert lines[2] == f"2 runs: return {np.mean(per_run):.1f} ± {np.std(per_run):.1f} over the runs' mean returns"
+    assert lines[3].startswith(f"  IQM {np.mean(per_run):.1f}, 95% CI {min(per_run):.1f} to {max(per_run):.1f}")
     code, _, err = run_cli(capsys, "export", str(runs))  # it takes one run: say which the directory holds
     assert code == 2 and err.strip().endswith(f"{runs} holds 2 runs, not a run: give one of them (seed_3, "
                                               "seed_5)"), err

@@ -96,3 +96,25 @@ def test_sigterm_while_one_seeds_process_is_idle_ends_the_running_seed_saved(tmp
     assert code == 130 and f"shoal train --resume {runs}" in err and "Traceback" not in err, err
     assert "(it had ended before: nothing left to train)" in err  # seed 0's process was idle
     assert 0 < ckpt.read_meta(ckpt.resolve(runs / "seed_1"))["env_steps"] < 200000
+
+
+def test_the_iqm_of_runs_and_its_bootstrap_interval_over_them():
+    """rliable's interquartile mean: a quarter of the runs (rounded down) cut from each end; its
+    interval the 2.5th and 97.5th percentiles of the IQMs of resampled runs, which for 5 runs
+    (3,125 equally likely resamples) can be enumerated exactly."""
+    import itertools
+
+    import numpy as np
+
+    from shoal.seeds import iqm, iqm_interval
+
+    scores = [174.5, 140.3, 410.1, 202.9, 211.3]
+    assert iqm(scores) == pytest.approx((174.5 + 202.9 + 211.3) / 3)
+    assert iqm([1.0, 2.0, 3.0, 100.0]) == 2.5 and iqm([1.0, 2.0, 9.0]) == 4.0 and iqm([7.0]) == 7.0
+    middle, low, high = iqm_interval(scores)
+    assert middle == iqm(scores) and iqm_interval(scores) == (middle, low, high)  # seeded: the same each time
+    exact = np.array([iqm(pick) for pick in itertools.product(scores, repeat=5)])
+    # each bound a 2.5% point of the exact distribution (which has atoms: a bound may sit on one)
+    assert (exact < low).mean() <= 0.03 and (exact <= low).mean() >= 0.02, low
+    assert (exact > high).mean() <= 0.03 and (exact >= high).mean() >= 0.02, high
+    assert iqm_interval([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
