@@ -568,6 +568,9 @@ class PlotArgs:
     aggregate: bool = False
     """Runs of the same settings (other seeds) as one curve: the mean of their evaluations with a
     band of one standard deviation, each group labelled by the settings that differ."""
+    stat: Literal["mean", "iqm"] = "mean"
+    """With --aggregate, each group's curve: mean (± one standard deviation) or iqm (rliable's
+    interquartile mean, with a 95% bootstrap band over the runs)."""
     metric: str | None = None
     """Draw this column of the runs' metrics instead of their returns: eval.csv's for eval/...
     (eval/length_mean, eval/success_rate, eval/KEY of --episode-info), else progress.csv's
@@ -594,7 +597,9 @@ def cmd_plot(argv: list[str], console: Console) -> int:
     else:
         out = "curves.png"
     if args.aggregate:
-        written = plot_aggregate(runs, out, args.metric or "eval/return_mean")
+        written = plot_aggregate(runs, out, args.metric or "eval/return_mean", args.stat)
+    elif args.stat != "mean":
+        raise ShoalError("--stat draws a group of runs: give --aggregate too")
     else:
         written = plot_runs(runs, out, args.metric)
     console.print(f"wrote {written}")

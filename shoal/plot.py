@@ -136,10 +136,16 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, metric: str | None = 
     return save_figure(fig, out)
 
 
-def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "eval/return_mean") -> Path:
+BAND_SAMPLES = 2_000
+"""Bootstrap resamples of a group's runs at each point of its curve (``stat="iqm"``)."""
+
+
+def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "eval/return_mean",
+                   stat: str = "mean") -> Path:
     """Runs grouped by their settings (config.yaml but for :data:`NOT_SETTINGS`), each group drawn
     as the mean of its runs' evaluation returns (or ``metric``, a column of eval.csv or
-    progress.csv) with a band of one standard deviation, against env steps and against wall time.
+    progress.csv) with a band of one standard deviation, against env steps and against wall time;
+    with ``stat="iqm"``, their interquartile mean with a 95% bootstrap band over the runs (rliable's).
     Each run's curve is read at every point of the group (linearly between its own, its last value
     held after it ended: a run stopped by ``stop_return`` keeps the return it stopped at). A group
     is labelled by the settings that differ between groups."""
@@ -148,6 +154,7 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "e
     import yaml
 
     from shoal.config import read_yaml
+    from shoal.seeds import iqm_interval
 
     groups: dict[str, list[tuple[Path, dict]]] = {}
     for run in map(Path, run_dirs):
@@ -168,7 +175,11 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "e
                 break
             grid = np.unique(np.concatenate([xs for xs, _ in runs]))
             ys = np.array([np.interp(grid, xs, ys) for xs, ys in runs])
-            panels.append((grid, ys.mean(axis=0), ys.std(axis=0)))
+            if stat == "iqm":
+                panels.append((grid, *iqm_interval(ys, samples=BAND_SAMPLES)))
+            else:
+                mean, std = ys.mean(axis=0), ys.std(axis=0)
+                panels.append((grid, mean, mean - std, mean + std))
         if len(panels) == 2:
             curves.append((g, _group_label(members[0][1], differ, len(members)), panels))
     if not curves:
@@ -176,12 +187,13 @@ def plot_aggregate(run_dirs: list[str | Path], out: str | Path, metric: str = "e
             raise _no_metric([run for members in groups.values() for run, _ in members], metric)
         raise ShoalError("nothing to plot yet: every group has a run without evaluations logged")
     label = "eval return" if metric == "eval/return_mean" else metric
-    fig, axes = steps_and_time_axes(f"{label} (mean ± std over runs)")
+    over = "IQM, 95% bootstrap CI over runs" if stat == "iqm" else "mean ± std over runs"
+    fig, axes = steps_and_time_axes(f"{label} ({over})")
     colors = matplotlib.colormaps["tab10" if len(groups) <= 10 else "turbo"].resampled(max(len(groups), 2))
     for g, label, panels in curves:
-        for ax, (x, mean, std) in zip(axes, panels):
-            ax.plot(x, mean, color=colors(g), lw=1.8, label=label)
-            ax.fill_between(x, mean - std, mean + std, color=colors(g), alpha=0.2, lw=0)
+        for ax, (x, middle, low, high) in zip(axes, panels):
+            ax.plot(x, middle, color=colors(g), lw=1.8, label=label)
+            ax.fill_between(x, low, high, color=colors(g), alpha=0.2, lw=0)
     axes[0].legend(fontsize=7, loc="best")
     return save_figure(fig, out)
 

@@ -37,18 +37,21 @@ def iqm(values: Any) -> float:
     return float(x[cut:len(x) - cut].mean())
 
 
-def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0,
+                 samples: int = BOOTSTRAP_SAMPLES) -> tuple[Any, Any, Any]:
     """The IQM of runs' scores and a percentile bootstrap interval of it over the runs (resampled
-    with replacement, BOOTSTRAP_SAMPLES times): what Agarwal et al. (2021, "Deep RL at the edge of
-    the statistical precipice") recommend reporting for a few runs, rather than a mean alone."""
+    with replacement, ``samples`` times): what Agarwal et al. (2021, "Deep RL at the edge of the
+    statistical precipice") recommend reporting for a few runs, rather than a mean alone. Scores
+    [runs] give numbers; scores [runs, points] (curves) give an array of each, one per point."""
     import numpy as np
 
     x = np.asarray(values, np.float64)
-    resampled = np.sort(x[np.random.default_rng(seed).integers(0, len(x), (BOOTSTRAP_SAMPLES, len(x)))], 1)
+    resampled = np.sort(x[np.random.default_rng(seed).integers(0, len(x), (samples, len(x)))], 1)
     cut = int(0.25 * len(x))
     iqms = resampled[:, cut:len(x) - cut].mean(1)
-    low, high = np.quantile(iqms, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return iqm(x), float(low), float(high)
+    low, high = np.quantile(iqms, [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
+    middle = np.sort(x, 0)[cut:len(x) - cut].mean(0)
+    return (float(middle), float(low), float(high)) if x.ndim == 1 else (middle, low, high)
 
 
 def train_seeds(config: Any, seeds: list[int], run_dir: str | Path | None = None, n_jobs: int = 1,

@@ -314,6 +314,16 @@ def test_plot_aggregate_draws_each_settings_mean_over_its_seeds_labelled_by_what
     assert [t.get_text() for t in steps.get_legend().get_texts()] == ["lr=0.001 (2 runs)", "lr=0.003 (2 runs)"]
     # the run that stopped holds its last return: (10 + 30) / 2, then (20 + 30) / 2
     assert [list(line.get_ydata()) for line in steps.lines] == [[20, 25], [60, 80]]
+    # rliable's IQM (of 2 runs, their mean) with a bootstrap band: at a point, from the lower run's value to the
+    # higher's, the resamples of two runs holding both, one of them twice, or the other twice
+    assert main(["plot", str(runs), "--aggregate", "--stat", "iqm"]) == 0
+    steps = drawn[-1].axes[0]
+    assert [list(line.get_ydata()) for line in steps.lines] == [[20, 25], [60, 80]]
+    assert steps.get_ylabel() == "eval return (IQM, 95% bootstrap CI over runs)"
+    band = steps.collections[1].get_paths()[0].vertices  # lr=0.003's: 50 to 70 at 100 steps, 70 to 90 at 200
+    assert {tuple(v) for v in band} >= {(100, 50), (200, 70), (100, 70), (200, 90)}
+    assert main(["plot", str(runs), "--stat", "iqm"]) == 2
+    assert "--stat draws a group of runs: give --aggregate too" in capsys.readouterr().err
     (runs / "lr0.001-s1" / "config.yaml").unlink()
     assert main(["plot", str(runs), "--aggregate"]) == 2
     assert "lr0.001-s1 has no config.yaml" in capsys.readouterr().err
