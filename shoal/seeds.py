@@ -46,11 +46,17 @@ def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0,
     import numpy as np
 
     x = np.asarray(values, np.float64)
-    resampled = np.sort(x[np.random.default_rng(seed).integers(0, len(x), (samples, len(x)))], 1)
+    picks = np.random.default_rng(seed).integers(0, len(x), (samples, len(x)))  # the same resamples at every point
     cut = int(0.25 * len(x))
-    iqms = resampled[:, cut:len(x) - cut].mean(1)
-    low, high = np.quantile(iqms, [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
+    columns = x.reshape(len(x), -1)
+    bounds = np.empty((2, columns.shape[1]))
+    step = max(1, 4_000_000 // (samples * len(x)))  # points at a time: a long curve's resamples in bounded memory
+    for at in range(0, columns.shape[1], step):
+        resampled = np.sort(columns[picks, at:at + step], 1)  # [samples, runs, points]
+        bounds[:, at:at + step] = np.quantile(resampled[:, cut:len(x) - cut].mean(1),
+                                              [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
     middle = np.sort(x, 0)[cut:len(x) - cut].mean(0)
+    low, high = bounds.reshape(2, *x.shape[1:])
     return (float(middle), float(low), float(high)) if x.ndim == 1 else (middle, low, high)
 
 
