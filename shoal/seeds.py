@@ -27,14 +27,16 @@ Report = Callable[[int, dict[str, Any], int], None]
 BOOTSTRAP_SAMPLES = 10_000
 
 
-def iqm(values: Any) -> float:
-    """The interquartile mean: the mean of the values left once a quarter of them (rounded down)
-    is cut from each end, as rliable computes it (scipy's ``trim_mean(values, 0.25)``)."""
+def iqm(values: Any, axis: int = 0) -> Any:
+    """The interquartile mean along ``axis`` (runs): the mean of the values left once a quarter of
+    them (rounded down) is cut from each end, as rliable computes it (scipy's ``trim_mean(values,
+    0.25)``). A number for a list of scores, an array for scores [runs, points]."""
     import numpy as np
 
-    x = np.sort(np.asarray(values, np.float64))
-    cut = int(0.25 * len(x))
-    return float(x[cut:len(x) - cut].mean())
+    x = np.sort(np.asarray(values, np.float64), axis)
+    n = x.shape[axis]
+    middle = np.take(x, range(int(0.25 * n), n - int(0.25 * n)), axis).mean(axis)
+    return float(middle) if middle.ndim == 0 else middle
 
 
 def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0,
@@ -47,17 +49,14 @@ def iqm_interval(values: Any, confidence: float = 0.95, seed: int = 0,
 
     x = np.asarray(values, np.float64)
     picks = np.random.default_rng(seed).integers(0, len(x), (samples, len(x)))  # the same resamples at every point
-    cut = int(0.25 * len(x))
     columns = x.reshape(len(x), -1)
     bounds = np.empty((2, columns.shape[1]))
     step = max(1, 4_000_000 // (samples * len(x)))  # points at a time: a long curve's resamples in bounded memory
     for at in range(0, columns.shape[1], step):
-        resampled = np.sort(columns[picks, at:at + step], 1)  # [samples, runs, points]
-        bounds[:, at:at + step] = np.quantile(resampled[:, cut:len(x) - cut].mean(1),
+        bounds[:, at:at + step] = np.quantile(iqm(columns[picks, at:at + step], axis=1),  # [samples, runs, points]
                                               [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
-    middle = np.sort(x, 0)[cut:len(x) - cut].mean(0)
     low, high = bounds.reshape(2, *x.shape[1:])
-    return (float(middle), float(low), float(high)) if x.ndim == 1 else (middle, low, high)
+    return (iqm(x), float(low), float(high)) if x.ndim == 1 else (iqm(x), low, high)
 
 
 def train_seeds(config: Any, seeds: list[int], run_dir: str | Path | None = None, n_jobs: int = 1,

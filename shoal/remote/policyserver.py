@@ -207,10 +207,9 @@ class PolicyServer:
             raise WireError("obs must be finite numbers")
         if policy.module.image and (obs.min() < 0 or obs.max() > 255):
             raise WireError("obs are images: their values must be in [0, 255]")
-        if policy.module.mixed and not np.all((obs[:, :policy.observation_space.pixels] >= 0) &
-                                              (obs[:, :policy.observation_space.pixels] <= 255)):
-            raise WireError(f"obs begin with images' pixels: their first {policy.observation_space.pixels} values "
-                            "must be in [0, 255]")
+        pixels = policy.observation_space.pixels if policy.module.mixed else 0
+        if pixels and (obs[:, :pixels].min() < 0 or obs[:, :pixels].max() > 255):
+            raise WireError(f"obs begin with images' pixels: their first {pixels} values must be in [0, 255]")
         request = (policy, obs, req.deterministic, _memory(policy, req, len(obs), single))
         if self.max_batch == 1:
             [(actions, version, memory)] = self._infer_batch([request])
