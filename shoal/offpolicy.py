@@ -11,7 +11,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -160,10 +160,14 @@ class QCritics(nn.Module):
     :class:`shoal.policy.ConvEncoder` for images, or the user's, :func:`critic_encoder`) the K
     critics read the features of that one encoder of their own (the actor has another), as
     stable-baselines3's SAC and TD3 policies: its gradients come from the critics' loss only.
+
+    With ``norm`` (a maker of normalisation layers of a given width over [K, N, width] inputs,
+    CrossQ's Batch Renormalization) a layer normalises each layer's input, the first's included.
     """
 
     def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str,
-                 discrete: bool = False, encoder: nn.Module | None = None):
+                 discrete: bool = False, encoder: nn.Module | None = None,
+                 norm: Callable[[int], nn.Module] | None = None):
         super().__init__()
         self.k, self.discrete = k, discrete
         self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
@@ -177,6 +181,7 @@ class QCritics(nn.Module):
             w = torch.stack([nn.init.orthogonal_(torch.empty(n_out, n_in), gain).T for _ in range(k)])
             self.weights.append(nn.Parameter(w))  # [K, in, out]
             self.biases.append(nn.Parameter(torch.zeros(k, 1, n_out)))
+        self.norms = None if norm is None else nn.ModuleList([norm(n) for n in sizes[:-1]])
 
     def encode(self, obs: Tensor) -> Tensor:
         """The critics' inputs for network inputs ``obs``: the encoder's features, or without one
@@ -196,6 +201,9 @@ class QCritics(nn.Module):
             else:
                 obs = self.encoder(obs)
         layers = list(zip(self.weights, self.biases))
+        if self.norms is not None:
+            return self._normalised(obs if self.discrete else torch.cat([obs, actions], dim=-1), layers,
+                                    members, detach_weights)
         if members != slice(None):  # a view of all of them would cost a copy of each gradient in backward
             layers = [(w[members], b[members]) for w, b in layers]
         if detach_weights:
@@ -212,6 +220,20 @@ class QCritics(nn.Module):
         # Q(s, a) is one number per row: as a dot product per row the head costs a quarter of what
         # a bmm with one output column does, forward and backward (BENCHMARKS.md).
         return (h * w.transpose(1, 2)).sum(-1) + b.squeeze(-1)
+
+    def _normalised(self, x: Tensor, layers: list[tuple[Tensor, Tensor]], members: slice,
+                    detach_weights: bool) -> Tensor:
+        """:meth:`forward` with ``norms``: each layer's input normalised first (all K critics)."""
+        if members != slice(None):
+            raise ValueError("critics with normalisation layers are evaluated together (no members)")
+        h = x.expand(self.k, *x.shape)
+        for i, ((w, b), norm) in enumerate(zip(layers, self.norms)):  # type: ignore[arg-type]
+            if detach_weights:
+                w, b = w.detach(), b.detach()
+            h = norm(self.activation(h) if i else h, detach_weights)
+            if i < len(layers) - 1 or self.discrete:
+                h = torch.baddbmm(b, h, w)
+        return (h * w.transpose(1, 2)).sum(-1) + b.squeeze(-1) if not self.discrete else h
 
 
 class ScaledActions(PolicyModule):

@@ -32,6 +32,11 @@ def policy_of(algo: str, obs_space: gym.Space, action_space: gym.Space, **overri
         if module.obs_norm is not None:
             module.obs_norm.mean.uniform_(-1, 1)
             module.obs_norm.var.uniform_(0.5, 4)
+        for name, b in module.named_buffers():  # batch (re)normalisation's, as a trained one's
+            if name.endswith("running_mean"):
+                b.uniform_(-1, 1)
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 4)
     return Policy(module, 7, config)
 
 
@@ -60,6 +65,7 @@ CASES = {
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "sac-discrete": ("sac", VECTOR, gym.spaces.Discrete(3), {}),
     "td3": ("td3", VECTOR, gym.spaces.Box(0, 1, (2,)), {}),
+    "crossq-renormalised": ("crossq", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "ppo-your-encoder": ("ppo", VECTOR, gym.spaces.Discrete(3), {"encoder": "user_encoders:Tanh"}),
     "sac-your-cnn": ("sac", gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)),
                      {"encoder": "user_encoders:SmallCNN"}),

@@ -113,7 +113,7 @@ def test_dqn_learns_frozenlake_from_one_hot_observations(seed, tmp_path):
 @pytest.mark.parametrize("seed, networks", [(0, (64, 64)), *(pytest.param(s, None, marks=pytest.mark.slow)
                                                               for s in (0, 1, 2))], ids=["ci", "0", "1", "2"])
 @pytest.mark.parametrize("algo, threshold, budget", [("sac", -200, 20_000), ("td3", -200, 30_000),
-                                                     ("ddpg", -250, 30_000)])
+                                                     ("ddpg", -250, 30_000), ("crossq", -200, 20_000)])
 def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budget, seed, networks, tmp_path):
     """The presets as shipped (rl-zoo's: 256x256 for SAC, 400x300 for TD3 and DDPG) run with the
     slow tests, seeds 0-2. CI runs seed 0 of each preset with 64x64 networks: the 400x300 TD3's
@@ -124,8 +124,9 @@ def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budg
     Evaluated every 1,000 steps (the presets: 2,000), so a run stops at the first evaluation past
     its target: seed 0 of the SAC preset evaluates -227 at 2.5k and -155 at 3k, and stops 1,000
     updates sooner (training is the same step for step whatever the evaluations)."""
+    widths = {"hidden_sizes": networks, **({"critic_hidden_sizes": networks} if algo == "crossq" else {})}
     config = offpolicy(algo, "Pendulum-v1", seed=seed, stop_return=threshold, eval_interval=1000,
-                       **({"hidden_sizes": networks} if networks else {}))
+                       **(widths if networks else {}))
     assert config.total_steps <= budget
     summary = shoal.train(config, run_dir=tmp_path)
     assert summary["best_eval_return"] >= threshold, summary

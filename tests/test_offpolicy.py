@@ -10,6 +10,7 @@ import torch
 from torch.distributions import Categorical, Normal, TanhTransform, TransformedDistribution
 
 import shoal
+from shoal.algos.crossq import CrossQConfig
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.algos.td3 import DeterministicActor, TD3Config
@@ -261,6 +262,7 @@ def test_epsilon_schedule():
     (DQNConfig, "CartPole-v1", {"compress_observations": True, "prioritized": True}),
     (SACConfig, "PixelReach-v0", {"compress_observations": True}),  # images: an encoder each for actor and critics
     (TD3Config, "PixelReach-v0", {"buffer_size": 1000}),
+    (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

@@ -199,6 +199,13 @@ class SACLearner(OffPolicyLearner):
         self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
                                 discrete=self.discrete, encoder=critic_encoder(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
+        self.init_temperature(config)
+        params = [*self.policy.parameters(), *self.critics.parameters()]
+        self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
+                                          lr=config.lr, fused=True)
+
+    def init_temperature(self, config: SACConfig) -> None:
+        """log alpha (learned unless config.alpha fixes it) and the entropy it aims for."""
         self.log_alpha = torch.tensor(math.log(config.alpha or config.alpha_init), device=self.device,
                                       requires_grad=config.alpha is None)
         if config.target_entropy is not None:
@@ -207,9 +214,6 @@ class SACLearner(OffPolicyLearner):
             self.target_entropy = config.target_entropy_scale * math.log(self.policy.action_dim)
         else:
             self.target_entropy = -float(self.policy.action_dim)
-        params = [*self.policy.parameters(), *self.critics.parameters()]
-        self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
-                                          lr=config.lr, fused=True)
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         if self.discrete:
