@@ -131,3 +131,14 @@ def test_the_actors_statistics_travel_with_its_weights_and_act_the_same_alone_or
 def test_what_crossq_cannot_train_is_refused_in_one_line(env, settings, message):
     with pytest.raises(shoal.ShoalError, match=message.replace("(", r"\(").replace(")", r"\)")):
         shoal.make(shoal.make_config("crossq", env, **settings, **QUICK))
+
+
+def test_renormalised_critics_give_an_actor_dq_da_and_no_weight_a_gradient():
+    learner = crossq_learner()
+    b = batch()
+    with batch_statistics(learner.critic_layers):
+        learner.critics(b.obs, b.actions)  # running statistics of their own
+    a = b.actions.clone().requires_grad_(True)
+    learner.critics(b.obs, a, detach_weights=True).min(0).values.sum().backward()
+    assert a.grad is not None and a.grad.abs().sum() > 0
+    assert all(p.grad is None for p in learner.critics.parameters())
