@@ -13,8 +13,14 @@ deterministic episodes from seeds no evaluation used (untimed): how well it does
 not picked on. Every evaluation of every run goes
 into benchmarks/results/lunar_sac.json, the curves into benchmarks/results/lunar_sac.png.
 
-    .venv/bin/python benchmarks/bench_lunar_sac.py [--seeds 0 1 2] [--threads 2] [--max-steps 150000]
-        [--check-episodes 100]
+With ``--algo crossq``, shoal's CrossQ preset against sb3-contrib's CrossQ with the same settings
+(rl-zoo's: sb3-contrib's defaults, lr 1e-3, policy delay 3, Adam's beta1 0.5, Batch
+Renormalization's momentum 0.01 and 100k warm-up passes, 10k random steps), 256-wide actor and
+critics on both (shoal's preset; rl-zoo's 1024-wide critics update 5x as slowly on these CPUs);
+the results go to lunar_crossq.json and .png.
+
+    .venv/bin/python benchmarks/bench_lunar_sac.py [--algo sac|crossq] [--seeds 0 1 2] [--threads 2]
+        [--max-steps 150000] [--check-episodes 100]
 
 A seed takes shoal 4-10 minutes here; SB3 runs longer.
 """
@@ -30,18 +36,25 @@ from common import Reached, isolated, machine, median, plot_curves, save, sb3_ti
 ENV, TARGET = "LunarLanderContinuous-v3", 200.0
 
 
-def shoal_time(seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
+def shoal_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
     import shoal
 
     return shoal_time_to(shoal.make_config(
-        "sac", ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10, total_steps=max_steps,
+        algo, ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10, total_steps=max_steps,
         progress=False, tensorboard=False, torch_threads=threads), TARGET, check_episodes)
 
 
-def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
+def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
+    if algo == "crossq":
+        from sb3_contrib import CrossQ
+
+        return sb3_time_to(lambda: CrossQ("MlpPolicy", ENV, learning_rate=1e-3, buffer_size=1_000_000, batch_size=256,
+                                          gamma=0.99, learning_starts=10_000, policy_delay=3, seed=seed, device="cpu",
+                                          policy_kwargs={"net_arch": {"pi": [256, 256], "qf": [256, 256]}}),
+                           ENV, TARGET, seed, eval_every, max_steps, check_episodes)
     return sb3_time_to(lambda: SAC("MlpPolicy", ENV, learning_rate=7.3e-4, buffer_size=1_000_000, batch_size=256,
                                    ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
                                    learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
@@ -51,6 +64,7 @@ def sb3_time(seed: int, eval_every: int, max_steps: int, threads: int, check_epi
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algo", choices=["sac", "crossq"], default="sac")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=10_000)
@@ -61,21 +75,23 @@ def main() -> None:
     print(f"machine: {machine()}; torch threads: {args.threads}", flush=True)
     rows, runs = [], []
     for seed in args.seeds:
-        ours = isolated(shoal_time, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
+        ours = isolated(shoal_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
         print(f"seed {seed}: shoal {describe(ours)}", flush=True)
-        theirs = isolated(sb3_time, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
+        theirs = isolated(sb3_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
         print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
         rows.append({"seed": seed, "shoal_s": ours.seconds, "shoal_steps": ours.steps, "sb3_s": theirs.seconds,
                      "sb3_steps": theirs.steps, "shoal_check": ours.check, "sb3_check": theirs.check})
-        runs += [("shoal", seed, ours.curve), ("stable-baselines3", seed, theirs.curve)]
+        runs += [("shoal", seed, ours.curve), ("sb3-contrib" if args.algo == "crossq" else "stable-baselines3", seed,
+                                               theirs.curve)]
     s_med, b_med = median([r["shoal_s"] for r in rows]), median([r["sb3_s"] for r in rows])
     print(f"median time to {TARGET:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}; "
           "target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
-    save("lunar_sac", {"threads": args.threads, "eval_every": args.eval_every, "check_episodes": args.check_episodes,
-                       "rows": rows,
-                       "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,
-                       "curves": [{"framework": f, "seed": seed, "steps_seconds_return": c} for f, seed, c in runs]})
-    print("curves:", plot_curves("lunar_sac", f"SAC on {ENV}, mean return of 10 deterministic episodes", runs,
+    name, title = f"lunar_{args.algo}", "CrossQ" if args.algo == "crossq" else "SAC"
+    save(name, {"algo": args.algo, "threads": args.threads, "eval_every": args.eval_every,
+                "check_episodes": args.check_episodes, "rows": rows,
+                "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,
+                "curves": [{"framework": f, "seed": seed, "steps_seconds_return": c} for f, seed, c in runs]})
+    print("curves:", plot_curves(name, f"{title} on {ENV}, mean return of 10 deterministic episodes", runs,
                                  TARGET, time_target=360))
 
 

@@ -10,13 +10,16 @@ Every figure is taken in a fresh process of its own (`common.isolated`).
    the same algorithm on both sides: SB3's DQN has no double Q-learning, so shoal runs with
    double=False for the ratio. shoal's default (double DQN) is timed too and printed beside it.
 
+With ``--algo crossq --only-updates``, figure 1 for CrossQ against sb3-contrib's CrossQ instead:
+the same widths for actor and critics on both sides, policy delay 3 (300 updates: 100 of the actor).
+
 shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the
 same for both: every --eval-every steps, 10 deterministic episodes on a 10-env vector env; time
 runs from building the algorithm to the end of the evaluation that reaches the target (shoal:
 `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
-        [--hidden-sizes 256 256]
+        [--hidden-sizes 256 256] [--algo sac|crossq]
 """
 
 from __future__ import annotations
@@ -30,30 +33,41 @@ import torch
 from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 
-def shoal_updates_per_s(threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100, n: int = 300) -> float:
-    from shoal.algos.sac import SACConfig, SACLearner
+def shoal_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100,
+                        n: int = 300) -> float:
+    from shoal.algos import get
     from shoal.envs import env_spaces
     from shoal.runner import EnvRunner
     from shoal.weights import WeightStore
 
-    config = SACConfig(env="Pendulum-v1", torch_threads=threads, learning_starts=0, hidden_sizes=tuple(hidden))
+    widths = {"critic_hidden_sizes": tuple(hidden), "policy_delay": 3} if algo == "crossq" else {}
+    config = get(algo).config_cls(env="Pendulum-v1", torch_threads=threads, learning_starts=0,
+                                  hidden_sizes=tuple(hidden), **widths)
     store = WeightStore()
-    learner = SACLearner(config, *env_spaces("Pendulum-v1"), store)
+    learner = get(algo).learner_cls(config, *env_spaces("Pendulum-v1"), store)
     learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))  # random actions
     for _ in range(warmup):
         learner.train_batch(learner.replay.sample(256, 0.4)[1])
     start = time.perf_counter()
     for _ in range(n):
         learner.train_batch(learner.replay.sample(256, 0.4)[1])
+        learner.updates += 1  # (CrossQ's actor waits its turn by this count)
     return n / (time.perf_counter() - start)
 
 
-def sb3_updates_per_s(threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100, n: int = 300) -> float:
+def sb3_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100,
+                      n: int = 300) -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
-    model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
-                policy_kwargs={"net_arch": list(hidden)})
+    if algo == "crossq":
+        from sb3_contrib import CrossQ
+
+        model = CrossQ("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000,
+                       policy_delay=3, device="cpu", policy_kwargs={"net_arch": list(hidden)})
+    else:
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
+                    policy_kwargs={"net_arch": list(hidden)})
     model.learn(2000)  # fills the buffer with random actions, without training (learning_starts)
     model.train(gradient_steps=warmup, batch_size=256)
     start = time.perf_counter()
@@ -68,13 +82,14 @@ def in_turn(i: int) -> tuple[str, str]:
     return ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal")
 
 
-def updates_per_s(threads: int, pairs: int, hidden: tuple[int, ...] = (256, 256)) -> tuple[list[float], list[float]]:
+def updates_per_s(threads: int, pairs: int, hidden: tuple[int, ...] = (256, 256),
+                  algo: str = "sac") -> tuple[list[float], list[float]]:
     """Each framework's updates/s in ``pairs`` fresh processes each, taken in turn."""
     measure = {"shoal": shoal_updates_per_s, "sb3": sb3_updates_per_s}
     got: dict[str, list[float]] = {"shoal": [], "sb3": []}
     for i in range(pairs):
         for name in in_turn(i):
-            got[name].append(isolated(measure[name], threads, tuple(hidden)))
+            got[name].append(isolated(measure[name], algo, threads, tuple(hidden)))
     return got["shoal"], got["sb3"]
 
 
@@ -110,21 +125,28 @@ def main() -> None:
     parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (2 minutes)")
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[256, 256],
                         help="both sides' hidden layers for updates/s (SB3's default: 256 256)")
+    parser.add_argument("--algo", choices=["sac", "crossq"], default="sac",
+                        help="crossq: updates/s against sb3-contrib's CrossQ (with --only-updates)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads, "hidden_sizes": args.hidden_sizes}
     print(f"machine: {machine()}; torch threads: {args.threads}")
-    ours_all, theirs_all = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes))
+    if args.algo == "crossq" and not args.only_updates:
+        parser.error("--algo crossq measures updates/s only: add --only-updates")
+    ours_all, theirs_all = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes), args.algo)
     ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
     pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
     size = "x".join(map(str, args.hidden_sizes))
-    print(f"SAC updates/s ({size}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
-          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} (target >= 2); pairs' ratios "
+    name = "CrossQ" if args.algo == "crossq" else "SAC"
+    print(f"{name} updates/s ({size}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
+          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} ({'no target' if args.algo == 'crossq' else 'target >= 2'}); "
+          f"pairs' ratios "
           f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
-    result["sac_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
+    result[f"{args.algo}_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
                                    "shoal_runs": ours_all, "sb3_runs": theirs_all}
     if args.only_updates:
-        save("offpolicy_updates" if args.hidden_sizes == [256, 256] else f"offpolicy_updates_{size}", result)
+        prefix = "offpolicy_updates" + ("_crossq" if args.algo == "crossq" else "")
+        save(prefix if args.hidden_sizes == [256, 256] else f"{prefix}_{size}", result)
         return
     for algo, env, target, every, budget in (("sac", "Pendulum-v1", -200.0, 2000, 20_000),
                                              ("dqn", "CartPole-v1", 475.0, 2048, 100_000)):
