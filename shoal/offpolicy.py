@@ -201,39 +201,28 @@ class QCritics(nn.Module):
             else:
                 obs = self.encoder(obs)
         layers = list(zip(self.weights, self.biases))
-        if self.norms is not None:
-            return self._normalised(obs if self.discrete else torch.cat([obs, actions], dim=-1), layers,
-                                    members, detach_weights)
+        norms = self.norms if self.norms is not None else [None] * len(layers)
         if members != slice(None):  # a view of all of them would cost a copy of each gradient in backward
+            if self.norms is not None:
+                raise ValueError("critics with normalisation layers are evaluated together (no members)")
             layers = [(w[members], b[members]) for w, b in layers]
         if detach_weights:
             layers = [(w.detach(), b.detach()) for w, b in layers]
         x = obs if self.discrete else torch.cat([obs, actions], dim=-1)
         h = x.expand(layers[0][0].shape[0], *x.shape)
-        for i, (w, b) in enumerate(layers[:-1]):
-            h = torch.baddbmm(b, self.activation(h) if i else h, w)
+        for i, ((w, b), norm) in enumerate(zip(layers[:-1], norms)):
+            h = self.activation(h) if i else h
+            h = torch.baddbmm(b, h if norm is None else norm(h, detach_weights), w)
         w, b = layers[-1]
         if len(layers) > 1:
             h = self.activation(h)
+        if norms[-1] is not None:
+            h = norms[-1](h, detach_weights)
         if self.discrete:
             return torch.baddbmm(b, h, w)
         # Q(s, a) is one number per row: as a dot product per row the head costs a quarter of what
         # a bmm with one output column does, forward and backward (BENCHMARKS.md).
         return (h * w.transpose(1, 2)).sum(-1) + b.squeeze(-1)
-
-    def _normalised(self, x: Tensor, layers: list[tuple[Tensor, Tensor]], members: slice,
-                    detach_weights: bool) -> Tensor:
-        """:meth:`forward` with ``norms``: each layer's input normalised first (all K critics)."""
-        if members != slice(None):
-            raise ValueError("critics with normalisation layers are evaluated together (no members)")
-        h = x.expand(self.k, *x.shape)
-        for i, ((w, b), norm) in enumerate(zip(layers, self.norms)):  # type: ignore[arg-type]
-            if detach_weights:
-                w, b = w.detach(), b.detach()
-            h = norm(self.activation(h) if i else h, detach_weights)
-            if i < len(layers) - 1 or self.discrete:
-                h = torch.baddbmm(b, h, w)
-        return (h * w.transpose(1, 2)).sum(-1) + b.squeeze(-1) if not self.discrete else h
 
 
 class ScaledActions(PolicyModule):
