@@ -75,7 +75,7 @@ class BatchRenorm(nn.Module):
                 running_std = (self.running_var + self.eps).sqrt()
                 r = (running_std * invstd).reciprocal_().clamp_(1 / self.r_max, self.r_max)
                 d = ((mean - self.running_mean) / running_std).clamp_(-self.d_max, self.d_max)
-            var = invstd.pow(-2) - self.eps  # the batch's (biased) variance
+            var = (invstd.pow(-2) - self.eps).clamp_min_(0)  # the batch's (biased) variance
             self.running_mean.lerp_(mean, self.momentum)
             self.running_var.lerp_(var * (n / max(n - 1, 1)), self.momentum)
             self.steps += 1
@@ -98,6 +98,7 @@ def batch_statistics(layers: list[BatchRenorm]) -> Iterator[None]:
 
 
 def renorm_layers(module: nn.Module) -> list[BatchRenorm]:
+    """The Batch Renormalization layers in ``module``, for :func:`batch_statistics`."""
     return [m for m in module.modules() if isinstance(m, BatchRenorm)]
 
 
