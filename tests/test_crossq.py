@@ -125,7 +125,6 @@ def test_the_actors_statistics_travel_with_its_weights_and_act_the_same_alone_or
 @pytest.mark.parametrize("env, settings, message", [
     ("CartPole-v1", {}, "crossq needs continuous (Box) actions"),
     ("PixelReach-v0", {}, "images and --encoder train with sac"),
-    ("Pendulum-v1", {"use_sde": True}, "--use-sde trains with sac"),
     ("Pendulum-v1", {"policy_delay": 0}, "policy_delay must be at least 1"),
 ])
 def test_what_crossq_cannot_train_is_refused_in_one_line(env, settings, message):

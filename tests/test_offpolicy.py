@@ -263,6 +263,7 @@ def test_epsilon_schedule():
     (SACConfig, "PixelReach-v0", {"compress_observations": True}),  # images: an encoder each for actor and critics
     (TD3Config, "PixelReach-v0", {"buffer_size": 1000}),
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
+    (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

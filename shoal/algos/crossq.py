@@ -137,7 +137,6 @@ class CrossQConfig(SACConfig):
         _check(0 < self.batch_norm_momentum <= 1, "batch_norm_momentum must be in (0, 1]")
         _check(self.batch_norm_eps > 0, "batch_norm_eps must be positive")
         _check(self.renorm_warmup_steps >= 0, "renorm_warmup_steps must be 0 or more")
-        _check(not self.use_sde, "crossq explores with SAC's Gaussian noise: --use-sde trains with sac")
 
     def renorm(self, groups: int | None = None) -> Any:
         """A maker of this config's Batch Renormalization layers of a given width."""
@@ -147,10 +146,11 @@ class CrossQConfig(SACConfig):
 
 class RenormActor(SquashedGaussianActor):
     """SAC's squashed Gaussian actor with Batch Renormalization before each hidden layer and after
-    the last (sb3-contrib's CrossQ actor)."""
+    the last (sb3-contrib's CrossQ actor); with --use-sde, gSDE's noise from those last features."""
 
     def __init__(self, config: CrossQConfig, obs_space: gym.Space, action_space: gym.Space):
-        super().__init__(obs_space, action_space, config.hidden_sizes, config.activation)
+        sde = (config.log_std_init, config.sde_sample_freq) if config.use_sde else None
+        super().__init__(obs_space, action_space, config.hidden_sizes, config.activation, sde)
         norm, layers = config.renorm(), []
         for m in self.trunk.modules():
             if isinstance(m, nn.Linear):
