@@ -163,18 +163,19 @@ class QCritics(nn.Module):
 
     With ``norm`` (a maker of normalisation layers of a given width over [K, N, width] inputs,
     CrossQ's Batch Renormalization) a layer normalises each layer's input, the first's included.
+    With ``outputs`` > 1 a continuous critic gives that many numbers per (s, a) (TQC's quantiles).
     """
 
     def __init__(self, k: int, obs_dim: int, action_dim: int, hidden_sizes: tuple[int, ...], activation: str,
                  discrete: bool = False, encoder: nn.Module | None = None,
-                 norm: Callable[[int], nn.Module] | None = None):
+                 norm: Callable[[int], nn.Module] | None = None, outputs: int = 1):
         super().__init__()
-        self.k, self.discrete = k, discrete
+        self.k, self.discrete, self.outputs = k, discrete, outputs
         self.activation = {"tanh": torch.tanh, "relu": torch.relu}[activation]
         self.encoder = encoder
         if self.encoder is not None:
             obs_dim = self.encoder.out_dim
-        sizes = [obs_dim, *hidden_sizes, action_dim] if discrete else [obs_dim + action_dim, *hidden_sizes, 1]
+        sizes = [obs_dim, *hidden_sizes, action_dim] if discrete else [obs_dim + action_dim, *hidden_sizes, outputs]
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             gain = 1.0 if i == len(sizes) - 2 else math.sqrt(2)  # as mlp(): orthogonal, zero bias
@@ -191,7 +192,8 @@ class QCritics(nn.Module):
     def forward(self, obs: Tensor, actions: Tensor | None = None, members: slice = slice(None),
                 detach_weights: bool = False, encoded: bool = False) -> Tensor:
         """Q-values of the critics in ``members`` (all by default): [K', N] of (obs, actions) for
-        continuous actions; [K', N, actions] for discrete ones (no ``actions`` argument). With
+        continuous actions ([K', N, outputs] with ``outputs`` > 1); [K', N, actions] for discrete
+        ones (no ``actions`` argument). With
         ``detach_weights`` gradients reach the actions (dQ/da for an actor) but no weight, the
         encoder's neither. ``encoded``: ``obs`` are :meth:`encode`'s features already."""
         if not encoded and self.encoder is not None:
@@ -218,11 +220,64 @@ class QCritics(nn.Module):
             h = self.activation(h)
         if norms[-1] is not None:
             h = norms[-1](h, detach_weights)
-        if self.discrete:
+        if self.discrete or self.outputs > 1:
             return torch.baddbmm(b, h, w)
         # Q(s, a) is one number per row: as a dot product per row the head costs a quarter of what
         # a bmm with one output column does, forward and backward (BENCHMARKS.md).
         return (h * w.transpose(1, 2)).sum(-1) + b.squeeze(-1)
+
+
+def quantile_huber_loss(quantiles: Tensor, targets: Tensor) -> Tensor:
+    """The quantile regression loss (Dabney et al. 2018, QR-DQN's eq. 10; TQC's eq. 8) of estimates
+    ``quantiles`` [..., N, M] of the quantiles at the midpoints tau_i = (2i + 1) / 2M against
+    samples ``targets`` [N, T] of the target distribution (no gradient): for each estimate, the
+    mean over the samples of the Huber loss (kappa 1) of sample minus estimate, weighted by tau_i
+    where the sample is the larger and by 1 - tau_i where it is the smaller; [..., N, M].
+
+    Computed in closed form from the sorted samples' prefix sums (:class:`_QuantileHuber`), in
+    O(M log T) per row instead of the M x T pairs': with TQC's M 25 and T 46 for 2 critics and 256
+    rows, 2.4 ms forward and backward against 3.4-4.9 ms, and 111-115 TQC updates/s on Pendulum-v1
+    against 93 (2 threads)."""
+    return _QuantileHuber.apply(quantiles, targets.detach())
+
+
+class _QuantileHuber(torch.autograd.Function):
+    """With the samples t sorted and x = t - q, the loss of an estimate q splits by where each
+    sample lies: t < q - 1 (weight 1 - tau, Huber -x - 1/2), q - 1 <= t < q (1 - tau, x^2 / 2),
+    q <= t < q + 1 (tau, x^2 / 2), t >= q + 1 (tau, x - 1/2). Each part is a count, a sum of t and
+    a sum of t^2 over a run of the sorted samples: differences of prefix sums at the positions
+    ``searchsorted`` finds for q - 1, q and q + 1. Its derivative in q is the same sums' (the
+    Huber loss is continuous with its derivative at each border). In float64, so that the sums of
+    squares lose nothing that matters to cancellation (returns of 1e5 leave errors below 1e-4)."""
+
+    @staticmethod
+    def forward(ctx: Any, quantiles: Tensor, targets: Tensor) -> Tensor:  # type: ignore[override]
+        *lead, n, m = quantiles.shape
+        t = targets.double().sort(-1).values
+        zero = t.new_zeros(n, 1)
+        s1, s2 = torch.cat([zero, t.cumsum(-1)], -1), torch.cat([zero, t.square().cumsum(-1)], -1)  # [N, T + 1]
+        q = quantiles.detach().double().movedim(-2, 0).reshape(n, -1)  # [N, L x M]
+        ia, ib, ic = torch.searchsorted(t, torch.cat([q - 1, q, q + 1], -1)).view(n, 3, -1).unbind(1)
+        n_a, n_b, n_c, n_d = ia, ib - ia, ic - ib, t.shape[-1] - ic
+        sum_b, sum_c = s1.gather(-1, ib) - s1.gather(-1, ia), s1.gather(-1, ic) - s1.gather(-1, ib)
+        below = n_a * (q - 0.5) - s1.gather(-1, ia) + 0.5 * (s2.gather(-1, ib) - s2.gather(-1, ia) - 2 * q * sum_b
+                                                             + n_b * q.square())
+        above = (s1[:, -1:] - s1.gather(-1, ic) - n_d * (q + 0.5)
+                 + 0.5 * (s2.gather(-1, ic) - s2.gather(-1, ib) - 2 * q * sum_c + n_c * q.square()))
+        tau = ((torch.arange(m, device=q.device, dtype=q.dtype) + 0.5) / m).repeat(q.shape[-1] // m)
+        loss = ((1 - tau) * below + tau * above) / t.shape[-1]
+        grad = ((1 - tau) * (n_a + n_b * q - sum_b) + tau * (n_c * q - sum_c - n_d)) / t.shape[-1]
+
+        def back(x: Tensor) -> Tensor:  # [N, L x M] -> [..., N, M]
+            return x.to(quantiles.dtype).view(n, *lead, m).movedim(0, -2)
+
+        ctx.save_for_backward(back(grad))
+        return back(loss)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        (grad,) = ctx.saved_tensors
+        return grad_out * grad, None
 
 
 class ScaledActions(PolicyModule):

@@ -47,6 +47,7 @@ SPACES: dict[str, dict[str, Any]] = {
             "target_update_interval": [1, 250, 1000, 5000, 10000]},
     "sac": {**OFF_POLICY, **SMOOTHING},
     "crossq": {**OFF_POLICY, "critic_hidden_sizes": [[256, 256], [512, 512], [1024, 1024]], "policy_delay": [1, 2, 3]},
+    "tqc": {**OFF_POLICY, **SMOOTHING, "top_quantiles_to_drop_per_net": [0, 1, 2, 3, 5]},
     "td3": {**OFF_POLICY, **SMOOTHING, "action_noise": "float(0.0, 0.5)"},
     "ddpg": {**OFF_POLICY, **SMOOTHING, "action_noise": "float(0.0, 0.5)"},
 }

@@ -571,7 +571,7 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, crossq, ddpg, dqn, impala, ppo, sac, td3, trpo"),
+    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, crossq, ddpg, dqn, impala, ppo, sac, td3, tqc, trpo"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
     # names are compared without their versions: whole ids matched on "-v3" (Humanoid-v3) and "-v0"
     (["train", "ppo", "--env", "Taxi-v3"], "unknown environment 'Taxi-v3'; did you mean Taxi-v4?"),

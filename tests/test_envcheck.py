@@ -95,7 +95,7 @@ def test_an_env_that_breaks_gymnasiums_api_fails_with_the_checkers_words(capsys)
 def test_an_env_that_raises_on_random_actions_fails_with_what_it_raised(capsys):
     code, out, _ = check(capsys, "ShoalCheckFailsLater-v0")
     assert code == 1 and "Gymnasium's env checker: passed" in out
-    assert "trains with: a2c, appo, crossq, ddpg, impala, ppo, sac, td3, trpo" in out
+    assert "trains with: a2c, appo, crossq, ddpg, impala, ppo, sac, td3, tqc, trpo" in out
     assert "random actions: FAILED after 29 steps: RuntimeError: the simulator lost its licence" in out
 
 

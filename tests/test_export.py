@@ -66,6 +66,7 @@ CASES = {
     "sac-discrete": ("sac", VECTOR, gym.spaces.Discrete(3), {}),
     "td3": ("td3", VECTOR, gym.spaces.Box(0, 1, (2,)), {}),
     "crossq-renormalised": ("crossq", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
+    "tqc-images": ("tqc", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)), {}),
     "ppo-your-encoder": ("ppo", VECTOR, gym.spaces.Discrete(3), {"encoder": "user_encoders:Tanh"}),
     "sac-your-cnn": ("sac", gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)),
                      {"encoder": "user_encoders:SmallCNN"}),

@@ -38,6 +38,7 @@ def same(a, b):
     ("sac", "Pendulum-v1", OFF, ("critics", "target_critics")),
     ("td3", "Pendulum-v1", OFF, ("critics", "target_critics", "target_actor")),
     ("crossq", "Pendulum-v1", {**OFF, "critic_hidden_sizes": (32, 32)}, ("critics",)),
+    ("tqc", "Pendulum-v1", {**OFF, "n_quantiles": 5}, ("critics", "target_critics")),
 ])
 def test_a_new_run_starts_from_the_checkpoints_networks_with_fresh_optimisers_and_counters(tmp_path, monkeypatch, algo,
                                                                                             env, settings, networks):
@@ -45,7 +46,7 @@ def test_a_new_run_starts_from_the_checkpoints_networks_with_fresh_optimisers_an
     with shoal.load(source) as before:
         old = before.learner.obj
         policy, others = state_of(old.policy), {n: state_of(getattr(old, n)) for n in networks}
-        alpha = old.log_alpha.item() if algo in ("sac", "crossq") else None
+        alpha = old.log_alpha.item() if algo in ("sac", "crossq", "tqc") else None
         returns = before.evaluate()["eval/return_mean"]
     config = shoal.make_config(algo, env, init_from=str(source), lr=1e-4, total_steps=10_000, **QUICK, **settings)
     if not networks:  # all in the policy: read from policy.pt, with no pickled code (state.pt is pickled)

@@ -196,13 +196,17 @@ class SACLearner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = self.policy.discrete
-        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
-                                discrete=self.discrete, encoder=critic_encoder(self.policy)).to(self.device)
+        self.critics = self.make_critics(config).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.init_temperature(config)
         params = [*self.policy.parameters(), *self.critics.parameters()]
         self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
                                           lr=config.lr, fused=True)
+
+    def make_critics(self, config: SACConfig) -> QCritics:
+        """The twin critics (with an encoder of their own for images or --encoder)."""
+        return QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
+                        discrete=self.discrete, encoder=critic_encoder(self.policy))
 
     def init_temperature(self, config: SACConfig) -> None:
         """log alpha (learned unless config.alpha fixes it) and the entropy it aims for."""
