@@ -17,9 +17,13 @@ With ``--algo crossq``, shoal's CrossQ preset against sb3-contrib's CrossQ with 
 (rl-zoo's: sb3-contrib's defaults, lr 1e-3, policy delay 3, Adam's beta1 0.5, Batch
 Renormalization's momentum 0.01 and 100k warm-up passes, 10k random steps), 256-wide actor and
 critics on both (shoal's preset; rl-zoo's 1024-wide critics update 5x as slowly on these CPUs);
-the results go to lunar_crossq.json and .png.
+the results go to lunar_crossq.json and .png. With ``--algo tqc``, shoal's TQC preset against
+sb3-contrib's TQC with the same settings (rl-zoo's: SAC's above, with a linear learning-rate decay
+over 500k steps; 2 critics of 25 quantiles, 2 dropped per critic); lunar_tqc.json and .png. The
+decay runs over the preset's 500k steps on both sides, so shoal's run keeps total_steps 500k and
+stops at --max-time-s instead of --max-steps.
 
-    .venv/bin/python benchmarks/bench_lunar_sac.py [--algo sac|crossq] [--seeds 0 1 2] [--threads 2]
+    .venv/bin/python benchmarks/bench_lunar_sac.py [--algo sac|crossq|tqc] [--seeds 0 1 2] [--threads 2]
         [--max-steps 150000] [--check-episodes 100]
 
 A seed takes shoal 4-10 minutes here; SB3 runs longer.
@@ -28,20 +32,26 @@ A seed takes shoal 4-10 minutes here; SB3 runs longer.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
+
+TITLES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}
 
 from common import Reached, isolated, machine, median, plot_curves, save, sb3_time_to, shoal_time_to
 
 ENV, TARGET = "LunarLanderContinuous-v3", 200.0
 
 
-def shoal_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
+def shoal_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int,
+               max_time_s: float) -> Reached:
     import shoal
 
-    return shoal_time_to(shoal.make_config(
-        algo, ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10, total_steps=max_steps,
-        progress=False, tensorboard=False, torch_threads=threads), TARGET, check_episodes)
+    config = shoal.make_config(algo, ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10,
+                               progress=False, tensorboard=False, torch_threads=threads)
+    # a learning rate decayed over the preset's total_steps keeps them: the run stops at a time instead
+    cap = {"stop_time_s": max_time_s} if config.lr_schedule == "linear" else {"total_steps": max_steps}
+    return shoal_time_to(dataclasses.replace(config, **cap), TARGET, check_episodes)
 
 
 def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int) -> Reached:
@@ -55,6 +65,17 @@ def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int
                                           gamma=0.99, learning_starts=10_000, policy_delay=3, seed=seed, device="cpu",
                                           policy_kwargs={"net_arch": {"pi": [256, 256], "qf": [256, 256]}}),
                            ENV, TARGET, seed, eval_every, max_steps, check_episodes)
+    if algo == "tqc":
+        from sb3_contrib import TQC
+
+        def lr(progress_remaining: float) -> float:  # rl-zoo's lin_7.3e-4 over its 500k steps (learn's: max_steps)
+            return 7.3e-4 * (1 - (1 - progress_remaining) * max_steps / 500_000)
+
+        return sb3_time_to(lambda: TQC("MlpPolicy", ENV, learning_rate=lr, buffer_size=1_000_000, batch_size=256,
+                                       ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
+                                       learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
+                                       device="cpu"),
+                           ENV, TARGET, seed, eval_every, max_steps, check_episodes)
     return sb3_time_to(lambda: SAC("MlpPolicy", ENV, learning_rate=7.3e-4, buffer_size=1_000_000, batch_size=256,
                                    ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
                                    learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
@@ -64,29 +85,32 @@ def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algo", choices=["sac", "crossq"], default="sac")
+    parser.add_argument("--algo", choices=list(TITLES), default="sac")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=10_000)
     parser.add_argument("--max-steps", type=int, default=150_000, help="give up on a run after this many env steps")
+    parser.add_argument("--max-time-s", type=float, default=1200,
+                        help="stop a shoal run whose learning rate decays over the preset's steps after this long")
     parser.add_argument("--check-episodes", type=int, default=100,
                         help="episodes from unseen seeds each final policy plays after its run (0: none)")
     args = parser.parse_args()
     print(f"machine: {machine()}; torch threads: {args.threads}", flush=True)
     rows, runs = [], []
     for seed in args.seeds:
-        ours = isolated(shoal_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
+        ours = isolated(shoal_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes,
+                        args.max_time_s)
         print(f"seed {seed}: shoal {describe(ours)}", flush=True)
         theirs = isolated(sb3_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
         print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
         rows.append({"seed": seed, "shoal_s": ours.seconds, "shoal_steps": ours.steps, "sb3_s": theirs.seconds,
                      "sb3_steps": theirs.steps, "shoal_check": ours.check, "sb3_check": theirs.check})
-        runs += [("shoal", seed, ours.curve), ("sb3-contrib" if args.algo == "crossq" else "stable-baselines3", seed,
+        runs += [("shoal", seed, ours.curve), ("stable-baselines3" if args.algo == "sac" else "sb3-contrib", seed,
                                                theirs.curve)]
     s_med, b_med = median([r["shoal_s"] for r in rows]), median([r["sb3_s"] for r in rows])
     print(f"median time to {TARGET:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}; "
           "target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
-    name, title = f"lunar_{args.algo}", "CrossQ" if args.algo == "crossq" else "SAC"
+    name, title = f"lunar_{args.algo}", TITLES[args.algo]
     save(name, {"algo": args.algo, "threads": args.threads, "eval_every": args.eval_every,
                 "check_episodes": args.check_episodes, "rows": rows,
                 "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,

@@ -13,7 +13,9 @@ Every figure is taken in a fresh process of its own (`common.isolated`).
 With ``--algo crossq``, CrossQ against sb3-contrib's CrossQ instead: figure 1 with the same widths
 for actor and critics on both sides and policy delay 3 (300 updates: 100 of the actor); figure 2
 with rl-zoo's Pendulum-v1 CrossQ settings (256-wide critics, policy delay 2; shoal's preset); no
-figure 3.
+figure 3. With ``--algo tqc``, TQC against sb3-contrib's TQC: figure 1 with both sides' defaults
+(2 critics of 25 quantiles, 2 dropped per critic), figure 2 with rl-zoo's Pendulum-v1 settings (lr
+1e-3; shoal's preset); no figure 3.
 
 shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the
 same for both: every --eval-every steps, 10 deterministic episodes on a 10-env vector env; time
@@ -21,13 +23,15 @@ runs from building the algorithm to the end of the evaluation that reaches the t
 `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
-        [--hidden-sizes 256 256] [--algo sac|crossq]
+        [--hidden-sizes 256 256] [--algo sac|crossq|tqc]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+
+NAMES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}  # sb3-contrib's CrossQ and TQC are the peers of the last two
 
 import numpy as np
 import torch
@@ -67,6 +71,11 @@ def sb3_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 2
 
         model = CrossQ("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000,
                        policy_delay=3, device="cpu", policy_kwargs={"net_arch": list(hidden)})
+    elif algo == "tqc":
+        from sb3_contrib import TQC
+
+        model = TQC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
+                    policy_kwargs={"net_arch": list(hidden)})
     else:
         model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
                     policy_kwargs={"net_arch": list(hidden)})
@@ -115,6 +124,10 @@ def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, 
         def build():
             return CrossQ("MlpPolicy", env_id, policy_delay=2, policy_kwargs={"net_arch": [256, 256]}, seed=seed,
                           device="cpu")
+    elif algo == "tqc":  # rl-zoo's Pendulum-v1 TQC
+        from sb3_contrib import TQC
+
+        build = lambda: TQC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
     elif algo == "sac":
         build = lambda: SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
     else:  # rl-zoo's CartPole-v1 DQN
@@ -133,8 +146,8 @@ def main() -> None:
     parser.add_argument("--only-updates", action="store_true", help="measure updates/s only (2 minutes)")
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=[256, 256],
                         help="both sides' hidden layers for updates/s (SB3's default: 256 256)")
-    parser.add_argument("--algo", choices=["sac", "crossq"], default="sac",
-                        help="crossq: updates/s against sb3-contrib's CrossQ (with --only-updates)")
+    parser.add_argument("--algo", choices=list(NAMES), default="sac",
+                        help="crossq, tqc: against sb3-contrib's CrossQ, TQC")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads, "hidden_sizes": args.hidden_sizes}
@@ -143,18 +156,18 @@ def main() -> None:
     ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
     pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
     size = "x".join(map(str, args.hidden_sizes))
-    name = "CrossQ" if args.algo == "crossq" else "SAC"
+    name, suffix = NAMES[args.algo], "" if args.algo == "sac" else f"_{args.algo}"
     print(f"{name} updates/s ({size}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
-          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} ({'no target' if args.algo == 'crossq' else 'target >= 2'}); "
+          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} ({'target >= 2' if args.algo == 'sac' else 'no target'}); "
           f"pairs' ratios "
           f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
     result[f"{args.algo}_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
                                    "shoal_runs": ours_all, "sb3_runs": theirs_all}
     if args.only_updates:
-        prefix = "offpolicy_updates" + ("_crossq" if args.algo == "crossq" else "")
+        prefix = "offpolicy_updates" + suffix
         save(prefix if args.hidden_sizes == [256, 256] else f"{prefix}_{size}", result)
         return
-    races = (((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo == "crossq" else
+    races = (((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo != "sac" else
              (("sac", "Pendulum-v1", -200.0, 2000, 20_000), ("dqn", "CartPole-v1", 475.0, 2048, 100_000)))
     for algo, env, target, every, budget in races:
         same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
@@ -172,13 +185,13 @@ def main() -> None:
                 print(f"  shoal's default, double DQN: {double[-1][0]:6.1f} s ({double[-1][1]:,} steps)", flush=True)
         s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
         print(f"{algo}: median time to {target:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f} "
-              f"({'no target' if algo == 'crossq' else 'target <= 0.5'})")
+              f"({'no target' if algo in ('crossq', 'tqc') else 'target <= 0.5'})")
         result[f"{algo}_time_to_target"] = {"rows": rows, "ratio": s_med / b_med}
         if double:
             d_med = median([t for t, _ in double])
             print(f"dqn with double Q-learning (shoal's default): median {d_med:.1f} s; ratio {d_med / b_med:.2f}")
             result["double_dqn_time_to_target"] = {"rows": double, "ratio": d_med / b_med}
-    save("offpolicy_vs_sb3" + ("_crossq" if args.algo == "crossq" else ""), result)
+    save("offpolicy_vs_sb3" + suffix, result)
 
 
 if __name__ == "__main__":
