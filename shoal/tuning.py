@@ -45,6 +45,8 @@ SPACES: dict[str, dict[str, Any]] = {
              "max_kl": "log(1e-3, 5e-2)"},
     "dqn": {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
             "target_update_interval": [1, 250, 1000, 5000, 10000]},
+    "qrdqn": {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
+              "target_update_interval": [1, 250, 1000, 5000, 10000], "n_quantiles": [10, 25, 50, 200]},
     "sac": {**OFF_POLICY, **SMOOTHING},
     "crossq": {**OFF_POLICY, "critic_hidden_sizes": [[256, 256], [512, 512], [1024, 1024]], "policy_delay": [1, 2, 3]},
     "tqc": {**OFF_POLICY, **SMOOTHING, "top_quantiles_to_drop_per_net": [0, 1, 2, 3, 5]},

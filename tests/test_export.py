@@ -62,6 +62,7 @@ CASES = {
     "a2c-multi-binary": ("a2c", VECTOR, gym.spaces.MultiBinary(3), {}),
     "dqn-images": ("dqn", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Discrete(4), {"dueling": True}),
     "dqn-masked": ("dqn", MASKED, gym.spaces.Discrete(5), {}),
+    "qrdqn-dueling-masked": ("qrdqn", MASKED, gym.spaces.Discrete(5), {"dueling": True, "n_quantiles": 5}),
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "sac-discrete": ("sac", VECTOR, gym.spaces.Discrete(3), {}),
     "td3": ("td3", VECTOR, gym.spaces.Box(0, 1, (2,)), {}),

@@ -39,6 +39,7 @@ def same(a, b):
     ("td3", "Pendulum-v1", OFF, ("critics", "target_critics", "target_actor")),
     ("crossq", "Pendulum-v1", {**OFF, "critic_hidden_sizes": (32, 32)}, ("critics",)),
     ("tqc", "Pendulum-v1", {**OFF, "n_quantiles": 5}, ("critics", "target_critics")),
+    ("qrdqn", "CartPole-v1", {**OFF, "n_quantiles": 5}, ("target",)),
 ])
 def test_a_new_run_starts_from_the_checkpoints_networks_with_fresh_optimisers_and_counters(tmp_path, monkeypatch, algo,
                                                                                             env, settings, networks):

@@ -99,7 +99,7 @@ def quick(algo: str, **overrides):
         values.update(num_envs_per_runner=4, rollout_steps=32)
     if algo == "ppo":
         values.update(minibatch_size=64, num_epochs=2)
-    if algo in ("dqn", "sac"):
+    if algo in ("dqn", "qrdqn", "sac"):
         values.update(learning_starts=256, batch_size=32, hidden_sizes=(32,))
     values.update(overrides)
     return get(algo).config_cls(**values)
@@ -119,7 +119,7 @@ def test_a_dict_observation_with_an_action_mask_is_flattened_with_the_mask_last(
 
 @pytest.mark.parametrize("algo, overrides", [
     ("ppo", {}), ("ppo", {"lstm_size": 8}), ("ppo", {"env": "DialsTest-v0"}), ("a2c", {}), ("trpo", {}),
-    ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}), ("sac", {}),
+    ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}), ("qrdqn", {}), ("sac", {}),
     ("ppo", {"inference": "central"}), ("ppo", {"env": "OpenGatesTest-v0"}),
 ])
 def test_runners_and_evaluation_choose_legal_actions_only(algo, overrides, tmp_path):
@@ -201,6 +201,33 @@ def test_dqn_targets_take_the_best_legal_next_action(monkeypatch):
             if not double:
                 expected = q_next.masked_fill(~legal, -np.inf).max(-1).values
                 torch.testing.assert_close(target_q.max(-1).values, expected)
+
+
+def test_qrdqn_targets_take_the_quantiles_of_the_best_legal_next_action(monkeypatch):
+    """The action whose quantiles make the target is the best legal one (by the target's means,
+    or with double Q-learning the online network's)."""
+    import shoal.algos.qrdqn as qrdqn
+    from shoal.offpolicy import quantile_huber_loss
+    from shoal.replay import Transitions
+
+    seen = []
+    monkeypatch.setattr(qrdqn, "quantile_huber_loss",
+                        lambda z, target: seen.append(target) or quantile_huber_loss(z, target))
+    for double in (True, False):
+        with shoal.make(quick("qrdqn", double=double, n_quantiles=5)) as algo:
+            learner = algo.learner.obj
+            obs = torch.as_tensor(np.stack([make_env("GatesTest-v0").reset(seed=s)[0] for s in range(64)]))
+            next_obs = obs.flip(0).clone()
+            legal = next_obs[:, 5:] > 0.5
+            with torch.no_grad():
+                z_next = learner.target.quantiles(next_obs)
+                picker = learner.policy(next_obs) if double else z_next.mean(-1)
+            assert (~legal.gather(1, picker.argmax(-1, keepdim=True))).sum() >= 10  # unmasked: often a closed gate
+            best = picker.masked_fill(~legal, -np.inf).argmax(-1)
+            seen.clear()
+            learner.train_batch(Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), next_obs,
+                                            torch.full((64,), 0.5), torch.ones(64), None))
+            torch.testing.assert_close(seen[0], 0.5 * z_next[torch.arange(64), best])
 
 
 def test_sac_discrete_aims_at_the_entropy_the_legal_actions_allow():

@@ -13,6 +13,7 @@ import shoal
 from shoal.algos.crossq import CrossQConfig
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
+from shoal.algos.qrdqn import QRDQNConfig
 from shoal.algos.td3 import DeterministicActor, TD3Config
 from shoal.algos.tqc import TQCConfig
 from shoal.errors import ConfigError
@@ -266,6 +267,7 @@ def test_epsilon_schedule():
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
     (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2}),  # quantile critics, priorities
+    (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True}),
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

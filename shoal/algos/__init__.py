@@ -55,4 +55,4 @@ def spec_for(config: Any) -> AlgoSpec:
     return get(config.algo)
 
 
-from shoal.algos import a2c, appo, crossq, ddpg, dqn, impala, ppo, sac, td3, tqc, trpo  # noqa: E402,F401  (each registers itself)
+from shoal.algos import a2c, appo, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo  # noqa: E402,F401  (each registers itself)

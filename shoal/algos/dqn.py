@@ -68,36 +68,51 @@ class QNetwork(PolicyModule):
 
     With an action mask, it acts among the legal actions only (greedy and random ones), and the
     targets are the best legal action's value at the next state.
+
+    With ``quantiles`` M > 1 (QR-DQN) the heads give M quantiles of each action's return
+    (:meth:`quantiles`, [N, actions, M]; the dueling head's value M of them too), and Q-values,
+    which it acts on, are their means.
     """
 
     masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, dueling: bool, encoder: EncoderSpec | None = None):
+                 activation: str, dueling: bool, encoder: EncoderSpec | None = None, quantiles: int = 1):
         super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         if not self.discrete:
             raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.dueling = dueling
+        self.dueling, self.n_quantiles = dueling, quantiles
         if self.cnn:
             hidden_sizes = ()
         if dueling:
             self.trunk = (nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=1.0), act())
                           if hidden_sizes else nn.Identity())
             width = hidden_sizes[-1] if hidden_sizes else self.feature_dim
-            self.value_head = mlp([width, 1], act, out_gain=1.0)
-            self.advantage_head = mlp([width, self.action_dim], act, out_gain=1.0)
+            self.value_head = mlp([width, quantiles], act, out_gain=1.0)
+            self.advantage_head = mlp([width, self.action_dim * quantiles], act, out_gain=1.0)
         else:
-            self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim], act, out_gain=1.0)
+            self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * quantiles], act, out_gain=1.0)
         self.register_buffer("epsilon", torch.tensor(1.0))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
     def forward(self, x: Tensor) -> Tensor:  # [N, actions]
+        if self.n_quantiles > 1:
+            return self.quantiles(x).mean(-1)
         if not self.dueling:
             return self.q(self.encoder(x))
         h = self.trunk(self.encoder(x))
         adv = self.advantage_head(h)
         return self.value_head(h) + adv - adv.mean(dim=-1, keepdim=True)  # Wang et al. eq. 9
+
+    def quantiles(self, x: Tensor) -> Tensor:
+        """[N, actions, M]: M quantiles of each action's return (the network's outputs, with M > 1)."""
+        n, m = x.shape[0], self.n_quantiles
+        if not self.dueling:
+            return self.q(self.encoder(x)).view(n, self.action_dim, m)
+        h = self.trunk(self.encoder(x))
+        adv = self.advantage_head(h).view(n, self.action_dim, m)
+        return self.value_head(h)[:, None] + adv - adv.mean(dim=1, keepdim=True)
 
     def apply_ladder(self, index: int, count: int) -> None:
         """Ape-X's fixed per-actor rates: eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Horgan et al. 2018, Sec. 4.1)."""
@@ -175,15 +190,24 @@ class DQNLearner(OffPolicyLearner):
         loss = (b.weights * F.smooth_l1_loss(q, target, reduction="none")).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        clip_grad_norm(self.policy.parameters(), c.max_grad_norm)
+        self.clip_and_step()
+        self.update_target()
+        td = (q - target).detach()
+        return {"loss/q": loss.detach(), "learner/q_mean": q.detach().mean(),
+                "learner/epsilon": self.policy.epsilon.clone()}, td.abs() if c.prioritized else None
+
+    def clip_and_step(self) -> None:
+        """The optimizer's step, on gradients clipped to max_grad_norm."""
+        clip_grad_norm(self.policy.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
+
+    def update_target(self) -> None:
+        """Polyak-average the target network (tau < 1), or copy it every target_update_interval updates."""
+        c = self.config
         if c.tau < 1.0:
             polyak(self.target, self.policy, c.tau)
         elif (self.updates + 1) % c.target_update_interval == 0:
             self.target.load_state_dict(self.policy.state_dict())
-        td = (q - target).detach()
-        return {"loss/q": loss.detach(), "learner/q_mean": q.detach().mean(),
-                "learner/epsilon": self.policy.epsilon.clone()}, td.abs() if c.prioritized else None
 
     def extra_state(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "target": self.target.state_dict()}

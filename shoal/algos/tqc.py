@@ -87,4 +87,4 @@ class TQCLearner(SACLearner):
 
 
 register(AlgoSpec("tqc", TQCConfig, TQCLearner, make_policy, "sync",
-                  "Truncated Quantile Critics: SAC with distributional critics and truncated targets (continuous actions)"))
+                  "Truncated Quantile Critics: SAC with quantile critics and truncated targets (continuous actions)"))
