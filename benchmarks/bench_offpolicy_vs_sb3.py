@@ -15,7 +15,10 @@ for actor and critics on both sides and policy delay 3 (300 updates: 100 of the 
 with rl-zoo's Pendulum-v1 CrossQ settings (256-wide critics, policy delay 2; shoal's preset); no
 figure 3. With ``--algo tqc``, TQC against sb3-contrib's TQC: figure 1 with both sides' defaults
 (2 critics of 25 quantiles, 2 dropped per critic), figure 2 with rl-zoo's Pendulum-v1 settings (lr
-1e-3; shoal's preset); no figure 3.
+1e-3; shoal's preset); no figure 3. With ``--algo qrdqn``, QR-DQN against sb3-contrib's QRDQN:
+figure 1 on CartPole-v1 with rl-zoo's network (256x256, 10 quantiles) and batch (64), figure 2
+its time to 475 on CartPole-v1 with rl-zoo's settings (shoal's preset), evaluated every 2,048
+steps; no figure 3.
 
 shoal runs first for the first seed, SB3 for the second, and so on in turn. Evaluation is the
 same for both: every --eval-every steps, 10 deterministic episodes on a 10-env vector env; time
@@ -23,7 +26,7 @@ runs from building the algorithm to the end of the evaluation that reaches the t
 `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
-        [--hidden-sizes 256 256] [--algo sac|crossq|tqc]
+        [--hidden-sizes 256 256] [--algo sac|crossq|tqc|qrdqn]
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from __future__ import annotations
 import argparse
 import time
 
-NAMES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}  # sb3-contrib's CrossQ and TQC are the peers of the last two
+# the peers: stable-baselines3's SAC, sb3-contrib's CrossQ, TQC and QRDQN
+NAMES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC", "qrdqn": "QR-DQN"}
+
+
+def probe(algo: str) -> tuple[str, int]:
+    """The env and batch size of the updates/s figure."""
+    return ("CartPole-v1", 64) if algo == "qrdqn" else ("Pendulum-v1", 256)
 
 import numpy as np
 import torch
@@ -46,17 +55,19 @@ def shoal_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256,
     from shoal.runner import EnvRunner
     from shoal.weights import WeightStore
 
-    widths = {"critic_hidden_sizes": tuple(hidden), "policy_delay": 3} if algo == "crossq" else {}
-    config = get(algo).config_cls(env="Pendulum-v1", torch_threads=threads, learning_starts=0,
-                                  hidden_sizes=tuple(hidden), **widths)
+    env, batch = probe(algo)
+    widths = ({"critic_hidden_sizes": tuple(hidden), "policy_delay": 3} if algo == "crossq" else
+              {"n_quantiles": 10} if algo == "qrdqn" else {})
+    config = get(algo).config_cls(env=env, torch_threads=threads, learning_starts=0, hidden_sizes=tuple(hidden),
+                                  **widths)
     store = WeightStore()
-    learner = get(algo).learner_cls(config, *env_spaces("Pendulum-v1"), store)
+    learner = get(algo).learner_cls(config, *env_spaces(env), store)
     learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))  # random actions
     for _ in range(warmup):
-        learner.train_batch(learner.replay.sample(256, 0.4)[1])
+        learner.train_batch(learner.replay.sample(batch, 0.4)[1])
     start = time.perf_counter()
     for _ in range(n):
-        learner.train_batch(learner.replay.sample(256, 0.4)[1])
+        learner.train_batch(learner.replay.sample(batch, 0.4)[1])
         learner.updates += 1  # (CrossQ's actor waits its turn by this count)
     return n / (time.perf_counter() - start)
 
@@ -76,13 +87,19 @@ def sb3_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 2
 
         model = TQC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
                     policy_kwargs={"net_arch": list(hidden)})
+    elif algo == "qrdqn":
+        from sb3_contrib import QRDQN
+
+        model = QRDQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, learning_starts=2000,
+                      device="cpu", policy_kwargs={"net_arch": list(hidden), "n_quantiles": 10})
     else:
         model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
                     policy_kwargs={"net_arch": list(hidden)})
     model.learn(2000)  # fills the buffer with random actions, without training (learning_starts)
-    model.train(gradient_steps=warmup, batch_size=256)
+    batch = probe(algo)[1]
+    model.train(gradient_steps=warmup, batch_size=batch)
     start = time.perf_counter()
-    model.train(gradient_steps=n, batch_size=256)
+    model.train(gradient_steps=n, batch_size=batch)
     return n / (time.perf_counter() - start)
 
 
@@ -128,6 +145,13 @@ def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, 
         from sb3_contrib import TQC
 
         build = lambda: TQC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
+    elif algo == "qrdqn":  # rl-zoo's CartPole-v1 QR-DQN
+        from sb3_contrib import QRDQN
+
+        build = lambda: QRDQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64,  # noqa: E731
+                              buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+                              gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                              policy_kwargs={"net_arch": [256, 256], "n_quantiles": 10}, seed=seed, device="cpu")
     elif algo == "sac":
         build = lambda: SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
     else:  # rl-zoo's CartPole-v1 DQN
@@ -157,7 +181,8 @@ def main() -> None:
     pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
     size = "x".join(map(str, args.hidden_sizes))
     name, suffix = NAMES[args.algo], "" if args.algo == "sac" else f"_{args.algo}"
-    print(f"{name} updates/s ({size}, batch 256; median of {args.pairs} alternating processes each): shoal {ours:.0f}, "
+    print(f"{name} updates/s ({size}, batch {probe(args.algo)[1]}; median of {args.pairs} alternating processes "
+          f"each): shoal {ours:.0f}, "
           f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} ({'target >= 2' if args.algo == 'sac' else 'no target'}); "
           f"pairs' ratios "
           f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
@@ -167,7 +192,8 @@ def main() -> None:
         prefix = "offpolicy_updates" + suffix
         save(prefix if args.hidden_sizes == [256, 256] else f"{prefix}_{size}", result)
         return
-    races = (((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo != "sac" else
+    races = ((("qrdqn", "CartPole-v1", 475.0, 2048, 100_000),) if args.algo == "qrdqn" else
+             ((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo != "sac" else
              (("sac", "Pendulum-v1", -200.0, 2000, 20_000), ("dqn", "CartPole-v1", 475.0, 2048, 100_000)))
     for algo, env, target, every, budget in races:
         same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
@@ -185,7 +211,7 @@ def main() -> None:
                 print(f"  shoal's default, double DQN: {double[-1][0]:6.1f} s ({double[-1][1]:,} steps)", flush=True)
         s_med, b_med = median([r[0] for r in rows]), median([r[2] for r in rows])
         print(f"{algo}: median time to {target:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f} "
-              f"({'no target' if algo in ('crossq', 'tqc') else 'target <= 0.5'})")
+              f"({'target <= 0.5' if algo in ('sac', 'dqn') else 'no target'})")
         result[f"{algo}_time_to_target"] = {"rows": rows, "ratio": s_med / b_med}
         if double:
             d_med = median([t for t, _ in double])

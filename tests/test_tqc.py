@@ -13,7 +13,7 @@ import torch
 import shoal
 from shoal.algos import tqc
 from shoal.algos.tqc import TQCConfig
-from shoal.offpolicy import quantile_huber_loss
+from shoal.offpolicy import QuantileHuber, quantile_huber_loss, quantile_huber_pairs
 from shoal.replay import Transitions
 from shoal.weights import WeightStore
 
@@ -30,18 +30,19 @@ def by_definition(quantiles, targets):
     return ((tau[:, None] - (delta < 0).double()).abs() * huber).mean(-1)
 
 
+@pytest.mark.parametrize("way", [quantile_huber_pairs, QuantileHuber.apply], ids=["pairs", "closed-form"])
 @pytest.mark.parametrize("shape, samples, scale, offset", [
     ((3, 16, 5), 12, 1.0, 0.0),      # TQC's [K, N, M]: pairs inside and outside the Huber loss's quadratic part
     ((3, 16, 5), 12, 30.0, -900.0),  # returns far from 0, spread wide: no cancellation
     ((16, 7), 7, 0.2, 4.0),          # QR-DQN's [N, M]: all within 1 of each other
 ])
-def test_the_quantile_huber_loss_and_its_gradient_are_the_pairwise_definitions(shape, samples, scale, offset):
+def test_the_quantile_huber_loss_and_its_gradient_are_the_pairwise_definitions(shape, samples, scale, offset, way):
     g = torch.Generator().manual_seed(0)
     quantiles = (torch.randn(shape, generator=g) * scale + offset).requires_grad_(True)
     targets = torch.randn(shape[-2], samples, generator=g) * 2 * scale + offset
     targets[:, :2] = quantiles[..., :2].detach().reshape(-1, shape[-2], 2)[0]  # ties with estimates
     targets[:, 2] = quantiles[..., 2].detach().reshape(-1, shape[-2])[0] + 1  # on the Huber border
-    loss = quantile_huber_loss(quantiles, targets)
+    loss = way(quantiles, targets)
     want = by_definition(quantiles, targets)
     assert loss.shape == shape and loss.dtype == torch.float32
     torch.testing.assert_close(loss.double(), want, rtol=1e-6, atol=1e-6)
@@ -49,6 +50,17 @@ def test_the_quantile_huber_loss_and_its_gradient_are_the_pairwise_definitions(s
     got, = torch.autograd.grad((loss * probe).sum(), quantiles)
     expected, = torch.autograd.grad((want * probe.double()).sum(), quantiles)
     torch.testing.assert_close(got, expected)
+
+
+def test_small_problems_go_pair_by_pair_and_large_ones_in_closed_form(monkeypatch):
+    from shoal import offpolicy
+
+    calls = []
+    monkeypatch.setattr(offpolicy, "quantile_huber_pairs", lambda q, t: calls.append("pairs") or q)
+    monkeypatch.setattr(offpolicy.QuantileHuber, "apply", lambda q, t: calls.append("closed") or q)
+    quantile_huber_loss(torch.zeros(64, 10), torch.zeros(64, 10))  # QR-DQN on CartPole: 6,400 pairs
+    quantile_huber_loss(torch.zeros(2, 256, 25), torch.zeros(256, 46))  # TQC's defaults: 588,800
+    assert calls == ["pairs", "closed"]
 
 
 def learner(**settings):
