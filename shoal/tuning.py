@@ -36,6 +36,8 @@ ON_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "gae_lambda": [0.8, 0.9, 
 OFF_POLICY = {"lr": "log(1e-5, 1e-2)", "gamma": GAMMAS, "batch_size": [32, 64, 128, 256, 512],
               "hidden_sizes": [[64, 64], [256, 256], [400, 300]]}
 SMOOTHING = {"tau": [0.001, 0.005, 0.01, 0.02, 0.05]}
+DQN = {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
+       "target_update_interval": [1, 250, 1000, 5000, 10000]}
 SPACES: dict[str, dict[str, Any]] = {
     "ppo": {**ON_POLICY, "clip": [0.1, 0.2, 0.3, 0.4], "num_epochs": [1, 5, 10, 20]},
     "a2c": ON_POLICY,
@@ -43,10 +45,8 @@ SPACES: dict[str, dict[str, Any]] = {
     "appo": {**ON_POLICY, "clip": [0.1, 0.2, 0.3, 0.4]},
     "trpo": {**{k: ON_POLICY[k] for k in ("lr", "gamma", "gae_lambda", "hidden_sizes", "activation")},
              "max_kl": "log(1e-3, 5e-2)"},
-    "dqn": {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
-            "target_update_interval": [1, 250, 1000, 5000, 10000]},
-    "qrdqn": {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
-              "target_update_interval": [1, 250, 1000, 5000, 10000], "n_quantiles": [10, 25, 50, 200]},
+    "dqn": DQN,
+    "qrdqn": {**DQN, "n_quantiles": [10, 25, 50, 200]},
     "sac": {**OFF_POLICY, **SMOOTHING},
     "crossq": {**OFF_POLICY, "critic_hidden_sizes": [[256, 256], [512, 512], [1024, 1024]], "policy_delay": [1, 2, 3]},
     "tqc": {**OFF_POLICY, **SMOOTHING, "top_quantiles_to_drop_per_net": [0, 1, 2, 3, 5]},

@@ -37,6 +37,17 @@ def tiny():
     return small_ppo
 
 
+def record_quantile_losses(monkeypatch, module) -> list:
+    """The (estimates, targets) of every quantile Huber loss the algorithm ``module`` (tqc's, qrdqn's)
+    takes from now on, in a list; each loss is taken as before."""
+    from shoal.offpolicy import quantile_huber_loss
+
+    seen: list = []
+    monkeypatch.setattr(module, "quantile_huber_loss",
+                        lambda z, target: seen.append((z.detach(), target)) or quantile_huber_loss(z, target))
+    return seen
+
+
 def user_module(tmp_path, monkeypatch, name: str, source: str):
     """Write ``source`` as module ``name`` in ``tmp_path`` and make it importable, as a user's env
     file beside them is (``--env name:EnvId``). A copy imported by an earlier test is dropped, so

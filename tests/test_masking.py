@@ -207,12 +207,10 @@ def test_qrdqn_targets_take_the_quantiles_of_the_best_legal_next_action(monkeypa
     """The action whose quantiles make the target is the best legal one (by the target's means,
     or with double Q-learning the online network's)."""
     import shoal.algos.qrdqn as qrdqn
-    from shoal.offpolicy import quantile_huber_loss
+    from conftest import record_quantile_losses
     from shoal.replay import Transitions
 
-    seen = []
-    monkeypatch.setattr(qrdqn, "quantile_huber_loss",
-                        lambda z, target: seen.append(target) or quantile_huber_loss(z, target))
+    seen = record_quantile_losses(monkeypatch, qrdqn)
     for double in (True, False):
         with shoal.make(quick("qrdqn", double=double, n_quantiles=5)) as algo:
             learner = algo.learner.obj
@@ -227,7 +225,7 @@ def test_qrdqn_targets_take_the_quantiles_of_the_best_legal_next_action(monkeypa
             seen.clear()
             learner.train_batch(Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), next_obs,
                                             torch.full((64,), 0.5), torch.ones(64), None))
-            torch.testing.assert_close(seen[0], 0.5 * z_next[torch.arange(64), best])
+            torch.testing.assert_close(seen[0][1], 0.5 * z_next[torch.arange(64), best])
 
 
 def test_sac_discrete_aims_at_the_entropy_the_legal_actions_allow():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import shoal
+from conftest import record_quantile_losses
 from shoal.algos import qrdqn
 from shoal.algos.qrdqn import QRDQNConfig
 from shoal.offpolicy import quantile_huber_loss
@@ -55,9 +56,7 @@ def test_the_target_is_the_target_networks_quantiles_at_the_best_next_action(mon
         for p in qr.target.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     b = batch()
-    seen = []
-    monkeypatch.setattr(qrdqn, "quantile_huber_loss",
-                        lambda z, target: seen.append((z.detach(), target)) or quantile_huber_loss(z, target))
+    seen = record_quantile_losses(monkeypatch, qrdqn)
     before = copy.deepcopy(qr)
     metrics, _ = qr.train_batch(b)
     with torch.no_grad():

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shoal
+from conftest import record_quantile_losses
 from shoal.algos import tqc
 from shoal.algos.tqc import TQCConfig
 from shoal.offpolicy import QuantileHuber, quantile_huber_loss, quantile_huber_pairs
@@ -83,9 +84,7 @@ def test_the_target_keeps_the_smallest_pooled_quantiles_and_the_actor_ascends_th
         for p in tqc_learner.target_critics.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     b = batch()
-    seen = []
-    monkeypatch.setattr(tqc, "quantile_huber_loss",
-                        lambda z, target: seen.append((z.detach(), target)) or quantile_huber_loss(z, target))
+    seen = record_quantile_losses(monkeypatch, tqc)
     before, generator = copy.deepcopy(tqc_learner), tqc_learner.generator.get_state()
     metrics, _ = tqc_learner.train_batch(b)
 
