@@ -36,11 +36,10 @@ import dataclasses
 
 import torch
 
-TITLES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}
-
 from common import Reached, isolated, machine, median, plot_curves, save, sb3_time_to, shoal_time_to
 
 ENV, TARGET = "LunarLanderContinuous-v3", 200.0
+TITLES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}
 
 
 def shoal_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int,
@@ -65,21 +64,16 @@ def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int
                                           gamma=0.99, learning_starts=10_000, policy_delay=3, seed=seed, device="cpu",
                                           policy_kwargs={"net_arch": {"pi": [256, 256], "qf": [256, 256]}}),
                            ENV, TARGET, seed, eval_every, max_steps, check_episodes)
+    model_cls, lr = SAC, 7.3e-4  # rl-zoo's SAC settings; its TQC's are the same but for a decaying lr
     if algo == "tqc":
         from sb3_contrib import TQC
 
-        def lr(progress_remaining: float) -> float:  # rl-zoo's lin_7.3e-4 over its 500k steps (learn's: max_steps)
-            return 7.3e-4 * (1 - (1 - progress_remaining) * max_steps / 500_000)
-
-        return sb3_time_to(lambda: TQC("MlpPolicy", ENV, learning_rate=lr, buffer_size=1_000_000, batch_size=256,
-                                       ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
-                                       learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
-                                       device="cpu"),
-                           ENV, TARGET, seed, eval_every, max_steps, check_episodes)
-    return sb3_time_to(lambda: SAC("MlpPolicy", ENV, learning_rate=7.3e-4, buffer_size=1_000_000, batch_size=256,
-                                   ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
-                                   learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
-                                   device="cpu"),
+        # rl-zoo's lin_7.3e-4 over its 500k steps (progress_remaining runs over learn's max_steps)
+        model_cls, lr = TQC, lambda progress_remaining: 7.3e-4 * (1 - (1 - progress_remaining) * max_steps / 500_000)
+    return sb3_time_to(lambda: model_cls("MlpPolicy", ENV, learning_rate=lr, buffer_size=1_000_000, batch_size=256,
+                                         ent_coef="auto", gamma=0.99, tau=0.01, train_freq=1, gradient_steps=1,
+                                         learning_starts=10_000, policy_kwargs={"net_arch": [400, 300]}, seed=seed,
+                                         device="cpu"),
                        ENV, TARGET, seed, eval_every, max_steps, check_episodes)
 
 
