@@ -340,6 +340,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "fcnet_activation": ("RLlib's", {"activation": ""}),
     "target_network_update_freq": ("RLlib's", {"target_update_interval": ""}),
     "double_q": ("RLlib's", {"double": ""}),
+    "sigma0": ("RLlib's", {"noisy_sigma0": ""}),
     "twin_q": ("RLlib's", {"twin_critics": ""}),
     "initial_alpha": ("RLlib's", {"alpha_init": ""}),
     "num_steps_sampled_before_learning_starts": ("RLlib's", {"learning_starts": ""}),

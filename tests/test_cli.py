@@ -872,6 +872,7 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
      "Unrecognized options: --clip-range, 0.1; SB3's clip_range: shoal calls it --clip (see shoal train ppo --help)"),
     (["train", "dqn", "--double-q", "--train-batch-size=32"],
      "RLlib's double_q: shoal calls it --double; RLlib's train_batch_size: shoal calls it --batch-size (see "),
+    (["train", "qrdqn", "--sigma0", "0.3"], "RLlib's sigma0: shoal calls it --noisy-sigma0 (see shoal train qrdqn"),
     (["train", "ppo", "--train-batch-size", "4000"], "shoal calls it --rollout-steps, counted per env (train_batch_size "
                                                      "/ (--num-env-runners x --num-envs-per-runner))"),
     (["train", "sac", "--ent-coef", "0.1"], "SB3's SAC ent_coef: shoal calls it --alpha (a fixed value; unset, it is "

@@ -72,7 +72,8 @@ def offpolicy(algo, env, **sets):
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
 
 
-RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": True}  # every DQN option on
+RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": True}  # every DQN option but noise
+RAINBOW = {"dueling": True, "n_step": 3, "prioritized": True, "noisy": True}  # with QR-DQN's quantiles
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -81,10 +82,11 @@ RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": Tru
 # first at 475 came at 33k (79 s in the suite); every 512, at 14.8k (41 s). Training is the same
 # step for step whatever the evaluations: they only find the target sooner. QR-DQN's preset (rl-zoo's:
 # DQN's with 10 quantiles), evaluated every 512: seeds 0-2 at 28.7k, 16.9k and 5.1k steps (43, 25, 8 s).
+# Rainbow (QR-DQN's preset with every option and noisy nets): seeds 0-2 at 32.3k, 37.9k and 25.1k (68, 82, 60 s).
 @pytest.mark.parametrize("algo, sets", [("dqn", {"eval_interval": 512}), ("dqn", RAINBOW_LITE),
-                                        ("qrdqn", {"eval_interval": 512}),
+                                        ("qrdqn", {"eval_interval": 512}), ("qrdqn", {**RAINBOW, "eval_interval": 512}),
                                         pytest.param("sac", {}, marks=pytest.mark.slow)],  # sac: SAC-Discrete
-                         ids=["dqn", "dqn-rainbow-lite", "qrdqn", "sac"])
+                         ids=["dqn", "dqn-rainbow-lite", "qrdqn", "qrdqn-rainbow", "sac"])
 def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, sets, seed, tmp_path):
     config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475, **sets)
     assert config.total_steps <= 100_000

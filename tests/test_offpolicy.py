@@ -268,6 +268,7 @@ def test_epsilon_schedule():
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
     (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2}),  # quantile critics, priorities
     (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True}),
+    (DQNConfig, "CartPole-v1", {"noisy": True, "n_step": 2}),  # noise from the learner's and runners' generators
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

@@ -1,6 +1,7 @@
-"""Deep Q-Networks (Mnih et al. 2015) with the Rainbow-lite options: double Q-learning
-(van Hasselt et al. 2016), a dueling head (Wang et al. 2016), n-step returns and prioritised
-replay (Schaul et al. 2016). All on: Rainbow without its distributional and noisy parts.
+"""Deep Q-Networks (Mnih et al. 2015) with Rainbow's options: double Q-learning (van Hasselt et
+al. 2016), a dueling head (Wang et al. 2016), n-step returns, prioritised replay (Schaul et al.
+2016) and noisy nets (Fortunato et al. 2018). All on: Rainbow without its distributional part,
+which qrdqn adds (as quantiles, where Rainbow had C51's categories).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+import contextlib
+import math
+from collections.abc import Iterator
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
@@ -44,9 +49,15 @@ class DQNConfig(OffPolicyConfig):
     """Epsilon after the decay."""
     max_grad_norm: float = 10.0
     """Clip the global gradient norm to this."""
+    noisy: bool = False
+    """Noisy nets: the heads' layers learn the scale of noise on their weights, which explores in
+    place of epsilon-greedy (epsilon is 0 once learning starts; Fortunato et al. 2018)."""
+    noisy_sigma0: float = 0.5
+    """Noisy nets' initial noise scale: sigma = sigma0 / sqrt(inputs) on every weight and bias."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _check(self.noisy_sigma0 > 0, "noisy_sigma0 must be positive")
         _check(self.target_update_interval >= 1, "target_update_interval must be at least 1")
         _check(0 <= self.exploration_fraction <= 1, "exploration_fraction must be in [0, 1]")
         _check(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
@@ -57,6 +68,56 @@ class DQNConfig(OffPolicyConfig):
         decay_steps = max(1.0, self.exploration_fraction * self.total_steps)
         frac = min(1.0, env_steps / decay_steps)
         return self.exploration_initial_eps + frac * (self.exploration_final_eps - self.exploration_initial_eps)
+
+
+def scaled_noise(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Factorised noise's f(e) = sign(e) sqrt(|e|) of standard normal draws e."""
+    e = torch.randn(shape, generator=generator, device=device)
+    return e.sign() * e.abs().sqrt()
+
+
+class NoisyLinear(nn.Linear):
+    """A linear layer with learned noise on its weights (Fortunato et al. 2018, factorised noise):
+    y = (mu_W + sigma_W * (f(e_out) f(e_in)^T)) x + mu_b + sigma_b * f(e_out).
+
+    ``weight`` and ``bias`` are the means mu (they start as the plain layer's), ``weight_sigma``
+    and ``bias_sigma`` the learned scales (sigma0 / sqrt(inputs) at the start). Noise is drawn
+    only while :attr:`draws` is set (by :meth:`QNetwork.noise`); otherwise the layer is its means.
+    A draw is one per call (the batch shares it, as the paper's updates), or one per input row:
+    factorised, that is y = mu_W x + mu_b + f(e_out) * (sigma_W (f(e_in) * x) + sigma_b), two
+    matrix products whatever the batch (a runner's envs each explore by their own).
+    """
+
+    def __init__(self, linear: nn.Linear, sigma0: float):
+        super().__init__(linear.in_features, linear.out_features, device=linear.weight.device)
+        with torch.no_grad():
+            self.weight.copy_(linear.weight)
+            self.bias.copy_(linear.bias)
+        scale = sigma0 / math.sqrt(self.in_features)
+        self.weight_sigma = nn.Parameter(torch.full_like(self.weight, scale))
+        self.bias_sigma = nn.Parameter(torch.full_like(self.bias, scale))
+        self.draws: tuple[torch.Generator | None, bool] | None = None  # (generator, per row) while noisy
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.draws is None:
+            return super().forward(x)
+        g, per_row = self.draws
+        rows = x.shape[:-1] if per_row else ()
+        e_in = scaled_noise((*rows, self.in_features), g, x.device)
+        e_out = scaled_noise((*rows, self.out_features), g, x.device)
+        if per_row:
+            return super().forward(x) + e_out * nn.functional.linear(x * e_in, self.weight_sigma, self.bias_sigma)
+        return nn.functional.linear(x, torch.addcmul(self.weight, self.weight_sigma, torch.outer(e_out, e_in)),
+                                    torch.addcmul(self.bias, self.bias_sigma, e_out))
+
+
+def make_noisy(module: nn.Module, sigma0: float) -> nn.Module:
+    """``module`` with each of its nn.Linear layers a :class:`NoisyLinear` from it."""
+    if isinstance(module, nn.Linear):
+        return NoisyLinear(module, sigma0)
+    for name, child in module.named_children():
+        setattr(module, name, make_noisy(child, sigma0))
+    return module
 
 
 class QNetwork(PolicyModule):
@@ -72,12 +133,18 @@ class QNetwork(PolicyModule):
     With ``quantiles`` M > 1 (QR-DQN) the heads give M quantiles of each action's return
     (:meth:`quantiles`, [N, actions, M]; the dueling head's value M of them too), and Q-values,
     which it acts on, are their means.
+
+    With ``noisy_sigma0`` the heads' layers are :class:`NoisyLinear`, and so is the image
+    encoder's fully connected layer (its convolutions stay plain, as Rainbow's; a user's
+    ``--encoder`` stays as it is). Exploring and stochastic acting draw noise, each row
+    its own; deterministic acting (evaluation, export, the policy server) uses the means.
     """
 
     masks = True
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, dueling: bool, encoder: EncoderSpec | None = None, quantiles: int = 1):
+                 activation: str, dueling: bool, encoder: EncoderSpec | None = None, quantiles: int = 1,
+                 noisy_sigma0: float | None = None):
         super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         if not self.discrete:
             raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
@@ -93,6 +160,13 @@ class QNetwork(PolicyModule):
             self.advantage_head = mlp([width, self.action_dim * quantiles], act, out_gain=1.0)
         else:
             self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * quantiles], act, out_gain=1.0)
+        self.noisy = noisy_sigma0 is not None
+        if self.noisy:  # the heads, and the Nature network's 512 units (Rainbow's every fully connected layer)
+            for head in ("trunk", "value_head", "advantage_head", "q"):
+                if hasattr(self, head):
+                    make_noisy(getattr(self, head), noisy_sigma0)
+            if self.cnn:
+                self.encoder.linear = NoisyLinear(self.encoder.linear, noisy_sigma0)
         self.register_buffer("epsilon", torch.tensor(1.0))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
@@ -114,9 +188,23 @@ class QNetwork(PolicyModule):
         adv = self.advantage_head(h).view(n, self.action_dim, m)
         return self.value_head(h)[:, None] + adv - adv.mean(dim=1, keepdim=True)
 
+    @contextlib.contextmanager
+    def noise(self, generator: torch.Generator | None, per_row: bool = True) -> Iterator[None]:
+        """Within the block, the noisy layers draw noise from ``generator``, for each input row or
+        once a call (nothing without noisy layers)."""
+        layers = [m for m in self.modules() if isinstance(m, NoisyLinear)]
+        for layer in layers:
+            layer.draws = (generator, per_row)
+        try:
+            yield
+        finally:
+            for layer in layers:
+                layer.draws = None
+
     def apply_ladder(self, index: int, count: int) -> None:
-        """Ape-X's fixed per-actor rates: eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Horgan et al. 2018, Sec. 4.1)."""
-        if not bool(self.random_actions):
+        """Ape-X's fixed per-actor rates: eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Horgan et al. 2018, Sec. 4.1).
+        A noisy network explores by its noise instead, each actor's its own draws."""
+        if not bool(self.random_actions) and not self.noisy:
             self.epsilon.fill_(0.4 ** (1 + 7 * index / max(1, count - 1)))
 
     @torch.no_grad()
@@ -143,10 +231,14 @@ class QNetwork(PolicyModule):
         return torch.where(explore, random, greedy)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return self._epsilon_greedy(x, generator), x.new_zeros(x.shape[0])
+        with self.noise(generator):
+            return self._epsilon_greedy(x, generator), x.new_zeros(x.shape[0])
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
-        return self.legal_q(x).argmax(-1) if deterministic else self._epsilon_greedy(x, generator)
+        if deterministic:
+            return self.legal_q(x).argmax(-1)
+        with self.noise(generator):
+            return self._epsilon_greedy(x, generator)
 
 
 def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q_online: Tensor | None) -> Tensor:
@@ -161,7 +253,7 @@ def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q
 def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
     """The Q-network DQN trains and runners act with."""
     return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config))
+                    EncoderSpec.of(config), noisy_sigma0=config.noisy_sigma0 if config.noisy else None)
 
 
 class DQNLearner(OffPolicyLearner):
@@ -177,9 +269,23 @@ class DQNLearner(OffPolicyLearner):
     def set_exploration(self, env_steps: int) -> None:
         super().set_exploration(env_steps)
         c = self.config
-        self.policy.epsilon.fill_(1.0 if env_steps < c.learning_starts else c.epsilon(env_steps))
+        self.policy.epsilon.fill_(1.0 if env_steps < c.learning_starts else 0.0 if c.noisy else c.epsilon(env_steps))
+
+    def noise(self) -> contextlib.ExitStack:
+        """Noise in the online and the target network for the update in the block: a draw for each
+        network call, which the batch shares (as the paper's updates, and half the cost of a draw
+        per row at a batch of 64 and 256 units)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.policy.noise(self.generator, per_row=False))
+        stack.enter_context(self.target.noise(self.generator, per_row=False))
+        return stack
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        with self.noise():
+            return self.td_update(b)
+
+    def td_update(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        """One update on batch ``b`` (its loss, the optimizer's step and the target's)."""
         c = self.config
         q = self.policy(b.obs).gather(-1, b.actions[:, None]).squeeze(-1)
         with torch.no_grad():

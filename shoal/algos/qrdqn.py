@@ -6,8 +6,9 @@ The target is the distribution r + discount x Z'(s', a*) of the target network's
 best next action a* (by the quantiles' means; with --double, the online network picks it), and the
 quantiles learn by the quantile Huber loss against all M of its atoms, summed over the quantiles
 (eq. 10; :func:`shoal.offpolicy.quantile_huber_loss`). The agent acts on the means, epsilon-greedily,
-as DQN's; every DQN option (double, dueling, n-step, prioritised replay, Ape-X, action masks,
-images, --encoder) works the same.
+as DQN's; every DQN option (double, dueling, n-step, prioritised replay, noisy nets, Ape-X, action
+masks, images, --encoder) works the same. With --dueling --n-step 3 --prioritized --noisy it is
+Rainbow (Hessel et al. 2018) with quantiles in place of C51's categories.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ class QRDQNConfig(DQNConfig):
 def make_policy(config: QRDQNConfig, obs_space, action_space) -> QNetwork:
     """DQN's network with M quantiles per action."""
     return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config), quantiles=config.n_quantiles)
+                    EncoderSpec.of(config), quantiles=config.n_quantiles,
+                    noisy_sigma0=config.noisy_sigma0 if config.noisy else None)
 
 
 class QRDQNLearner(DQNLearner):
     """DQN's learner with the quantile Huber loss against the target network's quantiles."""
 
-    def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+    def td_update(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         c, m = self.config, self.policy
         n = len(b.rewards)
         z = m.quantiles(b.obs)[torch.arange(n), b.actions]  # [N, M]
