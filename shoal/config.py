@@ -340,6 +340,8 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "fcnet_activation": ("RLlib's", {"activation": ""}),
     "target_network_update_freq": ("RLlib's", {"target_update_interval": ""}),
     "double_q": ("RLlib's", {"double": ""}),
+    "adam_epsilon": ("RLlib's", {"optimizer_eps": ""}),
+    "rms_prop_eps": ("SB3's A2C", {"optimizer_eps": ""}),
     "sigma0": ("RLlib's", {"noisy_sigma0": ""}),
     "twin_q": ("RLlib's", {"twin_critics": ""}),
     "initial_alpha": ("RLlib's", {"alpha_init": ""}),

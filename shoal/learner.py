@@ -164,6 +164,10 @@ class Learner:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
         raise NotImplementedError
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """The learner's optimisers (most have one; TD3's and DDPG's actor's and critics')."""
+        return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
+
     def extra_state(self) -> dict[str, Any]:
         """The algorithm's state beyond the policy weights (optimisers, critics, targets)."""
         raise NotImplementedError
@@ -245,6 +249,9 @@ class Learner:
         """Restore :meth:`get_state` and republish the restored weights."""
         set_weights(self.policy, state["weights"])
         self.load_extra_state(state["extra"])
+        for optimizer in self.optimizers():  # a saved optimizer brings its epsilon: the settings' holds
+            for group in optimizer.param_groups:
+                group["eps"] = self.config.optimizer_eps
         self.version, self.env_steps = state["version"], state["env_steps"]
         self.dropped_rollouts, self.dropped_steps = state.get("dropped", (0, 0))
         self.rng.bit_generator.state = state["rng"]

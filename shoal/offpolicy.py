@@ -69,6 +69,8 @@ class OffPolicyConfig(Config):
     """Adam learning rate."""
     lr_schedule: Literal["constant", "linear"] = "constant"
     """`linear` decays the learning rate to 0 at total_steps (rl-zoo's lin_ schedules)."""
+    optimizer_eps: float = 1e-8
+    """Adam's epsilon, added to the root of its squared-gradient average (torch's 1e-8; RLlib's adam_epsilon)."""
     gamma: float = 0.99
     """Discount factor."""
     n_step: int = 1
@@ -105,6 +107,7 @@ class OffPolicyConfig(Config):
         _check(self.rollout_steps >= 0, "rollout_steps must be 0 (1, or 8 under --apex) or more")
         _check(self.updates_per_step > 0, "updates_per_step must be positive")
         _check(self.batch_size >= 1, "batch_size must be at least 1")
+        _check(0 < self.optimizer_eps < math.inf, "optimizer_eps must be positive and finite")
         _check(self.buffer_size >= self.batch_size, "buffer_size must hold at least one batch")
         _check(self.learning_starts >= 0, "learning_starts must be 0 or more")
         _check(0 < self.lr < math.inf, "lr must be positive and finite")
@@ -402,10 +405,6 @@ class OffPolicyLearner(Learner):
     def train_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         """One gradient update; returns metrics and, for prioritised replay, new |TD errors| [N]."""
         raise NotImplementedError
-
-    def optimizers(self) -> list[torch.optim.Optimizer]:
-        """The learner's optimisers (DQN's and SAC's one, TD3's and DDPG's actor's and critics')."""
-        return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
 
     def set_exploration(self, env_steps: int) -> None:
         """Set the policy's exploration buffers for the coming rollouts."""

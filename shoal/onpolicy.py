@@ -34,6 +34,9 @@ class OnPolicyConfig(Config):
     """Learning rate."""
     lr_schedule: Literal["constant", "linear"] = "constant"
     """`linear` decays the learning rate to 0 at total_steps."""
+    optimizer_eps: float = 1e-5
+    """The optimizer's epsilon, added to the root of its squared-gradient average (Adam's; A2C's
+    RMSprop's too): 1e-5, as stable-baselines3's."""
     gamma: float = 0.99
     """Discount factor."""
     gae_lambda: float = 0.95
@@ -75,6 +78,7 @@ class OnPolicyConfig(Config):
         _check(self.rollout_steps >= 1, "rollout_steps must be at least 1")
         _check(self.lstm_size >= 0, "lstm_size must be 0 (no LSTM) or a number of units")
         _check(0 < self.lr < math.inf, "lr must be positive and finite")
+        _check(0 < self.optimizer_eps < math.inf, "optimizer_eps must be positive and finite")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
         _check(self.max_grad_norm > 0, "max_grad_norm must be positive")
@@ -336,7 +340,7 @@ class VTraceLearner(OnPolicyLearner):
 
     def __init__(self, config: AsyncConfig, obs_space, action_space, store, policy_id: str = "default"):
         super().__init__(config, obs_space, action_space, store, policy_id)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=1e-5, fused=True)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.optimizer_eps, fused=True)
 
     def policy_loss(self, logp: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
         """The loss to minimise for log-probabilities ``logp`` [N] of the network being trained,

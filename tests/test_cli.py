@@ -1189,3 +1189,12 @@ def test_a_replay_larger_than_memory_is_refused_before_the_run_starts(capsys, tm
     spaces = env_spaces("CartPole-v1")
     for fits in ({"buffer_size": size // 2}, {"buffer_size": size, "compress_observations": True}):
         check_replay_fits(shoal.make_config("dqn", "CartPole-v1", **fits), *spaces)  # compressed rows: not counted ahead
+
+
+def test_every_algorithms_config_class_is_shoals_by_its_name():
+    """`shoal.TQCConfig(...)`, as `shoal.PPOConfig(...)`: each algorithm's class at the top level."""
+    from shoal.algos import ALGOS
+
+    for spec in ALGOS.values():
+        assert getattr(shoal, spec.config_cls.__name__) is spec.config_cls
+        assert spec.config_cls.__name__ in shoal.__all__

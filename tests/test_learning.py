@@ -81,8 +81,9 @@ RAINBOW = {"dueling": True, "n_step": 3, "prioritized": True, "noisy": True}  # 
 # 512): each evaluation is a draw from a policy that swings. Every 2,048 steps (the preset) the
 # first at 475 came at 33k (79 s in the suite); every 512, at 14.8k (41 s). Training is the same
 # step for step whatever the evaluations: they only find the target sooner. QR-DQN's preset (rl-zoo's:
-# DQN's with 10 quantiles), evaluated every 512: seeds 0-2 at 28.7k, 16.9k and 5.1k steps (43, 25, 8 s).
-# Rainbow (QR-DQN's preset with every option and noisy nets): seeds 0-2 at 32.3k, 37.9k and 25.1k (68, 82, 60 s).
+# DQN's with 10 quantiles, Adam's epsilon 0.01 / 64), evaluated every 512: seeds 0-2 at 23.0k, 27.1k and
+# 23.0k steps (25, 33, 25 s). Rainbow (QR-DQN's preset with every option and noisy nets): seeds 0-2 at 22.0k,
+# 27.6k and 11.8k (49, 60, 27 s).
 @pytest.mark.parametrize("algo, sets", [("dqn", {"eval_interval": 512}), ("dqn", RAINBOW_LITE),
                                         ("qrdqn", {"eval_interval": 512}), ("qrdqn", {**RAINBOW, "eval_interval": 512}),
                                         pytest.param("sac", {}, marks=pytest.mark.slow)],  # sac: SAC-Discrete

@@ -34,7 +34,7 @@ class A2CConfig(OnPolicyConfig):
     normalize_advantages: bool = False
     """Standardise advantages over each batch."""
     optimizer: Literal["rmsprop", "adam"] = "rmsprop"
-    """RMSprop (alpha 0.99, eps 1e-5, as the paper and SB3) or Adam."""
+    """RMSprop (alpha 0.99, eps optimizer_eps 1e-5, as the paper and SB3) or Adam."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,9 +49,10 @@ class A2CLearner(OnPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id)
         params = self.policy.parameters()
         if config.optimizer == "rmsprop":
-            self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99, eps=1e-5)
+            self.optimizer: torch.optim.Optimizer = torch.optim.RMSprop(params, lr=config.lr, alpha=0.99,
+                                                                         eps=config.optimizer_eps)
         else:
-            self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=1e-5)
+            self.optimizer = torch.optim.Adam(params, lr=config.lr, eps=config.optimizer_eps)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         c, m = self.config, self.policy

@@ -184,7 +184,8 @@ class CrossQLearner(SACLearner):
         self.actor_layers, self.critic_layers = renorm_layers(self.policy), renorm_layers(self.critics)
         params = [*self.policy.parameters(), *self.critics.parameters()]
         self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
-                                          lr=config.lr, betas=(config.adam_beta1, 0.999), fused=True)
+                                          lr=config.lr, betas=(config.adam_beta1, 0.999),
+                                          eps=config.optimizer_eps, fused=True)
         self.last_actor = (torch.tensor(0.0, device=self.device), torch.tensor(0.0, device=self.device))
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:

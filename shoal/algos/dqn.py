@@ -263,7 +263,8 @@ class DQNLearner(OffPolicyLearner):
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         self.target = target_copy(self.policy)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.optimizer_eps,
+                                          fused=True)
         self.set_exploration(0)
 
     def set_exploration(self, env_steps: int) -> None:

@@ -37,6 +37,9 @@ class QRDQNConfig(DQNConfig):
     """Quantiles of each action's return (M; sb3-contrib's and the paper's 200)."""
     double: bool = False
     """Double Q-learning on the quantiles' means (off, as the paper and sb3-contrib's QRDQN)."""
+    optimizer_eps: float = 0.01 / 32
+    """Adam's epsilon: the paper's 0.01 / 32, for its batches of 32 (sb3-contrib's QRDQN takes
+    0.01 / batch_size, which the presets give)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -201,7 +201,7 @@ class SACLearner(OffPolicyLearner):
         self.init_temperature(config)
         params = [*self.policy.parameters(), *self.critics.parameters()]
         self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
-                                          lr=config.lr, fused=True)
+                                          lr=config.lr, eps=config.optimizer_eps, fused=True)
 
     def make_critics(self, config: SACConfig) -> QCritics:
         """The twin critics (with an encoder of their own for images or --encoder)."""

@@ -147,8 +147,10 @@ class TD3Learner(OffPolicyLearner):
                                 encoder=critic_encoder(self.policy)).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
-        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, fused=True)
+        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.optimizer_eps,
+                                                fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, eps=config.optimizer_eps,
+                                                 fused=True)
         self.last_actor_loss = torch.tensor(0.0, device=self.device)  # reported between delayed actor updates
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:

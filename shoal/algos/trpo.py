@@ -98,7 +98,8 @@ class TRPOLearner(OnPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id)
         m = self.policy
         self.actor_params = [p for name, p in m.named_parameters() if not name.startswith("critic.")]
-        self.optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=1e-5)  # the value function's
+        # the value function's
+        self.optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=config.optimizer_eps)
 
     def surrogate(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
         """E[pi(a|s) / pi_old(a|s) * A] plus the entropy bonus: what the step maximises."""
