@@ -63,6 +63,7 @@ CASES = {
     "dqn-images": ("dqn", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Discrete(4), {"dueling": True}),
     "dqn-masked": ("dqn", MASKED, gym.spaces.Discrete(5), {}),
     "qrdqn-dueling-masked": ("qrdqn", MASKED, gym.spaces.Discrete(5), {"dueling": True, "n_quantiles": 5}),
+    "dqn-c51-dueling-masked": ("dqn", MASKED, gym.spaces.Discrete(5), {"dueling": True, "num_atoms": 11}),
     "qrdqn-noisy-images": ("qrdqn", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Discrete(4),
                            {"noisy": True, "n_quantiles": 5}),  # the means
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),

@@ -72,8 +72,9 @@ def offpolicy(algo, env, **sets):
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
 
 
-RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": True}  # every DQN option but noise
-RAINBOW = {"dueling": True, "n_step": 3, "prioritized": True, "noisy": True}  # with QR-DQN's quantiles
+RAINBOW_LITE = {"double": True, "dueling": True, "n_step": 3, "prioritized": True}  # Rainbow without noise or C51
+RAINBOW = {"dueling": True, "n_step": 3, "prioritized": True, "noisy": True}  # with dqn's C51 or QR-DQN's quantiles
+C51 = {"num_atoms": 51, "v_min": 0.0, "v_max": 100.0}  # CartPole's returns at gamma 0.99: up to 1 / (1 - 0.99)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -83,11 +84,14 @@ RAINBOW = {"dueling": True, "n_step": 3, "prioritized": True, "noisy": True}  # 
 # step for step whatever the evaluations: they only find the target sooner. QR-DQN's preset (rl-zoo's:
 # DQN's with 10 quantiles, Adam's epsilon 0.01 / 64), evaluated every 512: seeds 0-2 at 23.0k, 27.1k and
 # 23.0k steps (25, 33, 25 s). Rainbow (QR-DQN's preset with every option and noisy nets): seeds 0-2 at 22.0k,
-# 27.6k and 11.8k (49, 60, 27 s).
-@pytest.mark.parametrize("algo, sets", [("dqn", {"eval_interval": 512}), ("dqn", RAINBOW_LITE),
+# 27.6k and 11.8k (49, 60, 27 s). Rainbow (DQN's preset with every option: C51 and noisy nets too): seeds
+# 0-2 at 26.6k, 20.5k and 29.2k (61-95 s, on a busy machine). Rainbow without noise or C51 runs with the slow tests.
+@pytest.mark.parametrize("algo, sets", [("dqn", {"eval_interval": 512}),
+                                        pytest.param("dqn", RAINBOW_LITE, marks=pytest.mark.slow),
+                                        ("dqn", {**RAINBOW, **C51, "eval_interval": 512}),
                                         ("qrdqn", {"eval_interval": 512}), ("qrdqn", {**RAINBOW, "eval_interval": 512}),
                                         pytest.param("sac", {}, marks=pytest.mark.slow)],  # sac: SAC-Discrete
-                         ids=["dqn", "dqn-rainbow-lite", "qrdqn", "qrdqn-rainbow", "sac"])
+                         ids=["dqn", "dqn-rainbow-lite", "dqn-rainbow", "qrdqn", "qrdqn-rainbow", "sac"])
 def test_dqn_and_discrete_sac_solve_cartpole_within_100k_steps(algo, sets, seed, tmp_path):
     config = offpolicy(algo, "CartPole-v1", seed=seed, stop_return=475, **sets)
     assert config.total_steps <= 100_000

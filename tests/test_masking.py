@@ -120,6 +120,7 @@ def test_a_dict_observation_with_an_action_mask_is_flattened_with_the_mask_last(
 @pytest.mark.parametrize("algo, overrides", [
     ("ppo", {}), ("ppo", {"lstm_size": 8}), ("ppo", {"env": "DialsTest-v0"}), ("a2c", {}), ("trpo", {}),
     ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}), ("qrdqn", {}), ("sac", {}),
+    ("dqn", {"num_atoms": 11, "v_min": -2.0, "v_max": 2.0, "noisy": True}),  # C51, exploring by noise
     ("ppo", {"inference": "central"}), ("ppo", {"env": "OpenGatesTest-v0"}),
 ])
 def test_runners_and_evaluation_choose_legal_actions_only(algo, overrides, tmp_path):
@@ -226,6 +227,32 @@ def test_qrdqn_targets_take_the_quantiles_of_the_best_legal_next_action(monkeypa
             learner.train_batch(Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), next_obs,
                                             torch.full((64,), 0.5), torch.ones(64), None))
             torch.testing.assert_close(seen[0][1], 0.5 * z_next[torch.arange(64), best])
+
+
+def test_c51_targets_take_the_distribution_of_the_best_legal_next_action(monkeypatch):
+    """The action whose distribution is projected into the target is the best legal one (by the
+    target network's expectations, or with double Q-learning the online network's)."""
+    import shoal.algos.dqn as dqn
+    from shoal.replay import Transitions
+
+    seen = []
+    original = dqn.categorical_targets
+    monkeypatch.setattr(dqn, "categorical_targets", lambda *a: seen.append(a) or original(*a))
+    for double in (True, False):
+        with shoal.make(quick("dqn", double=double, num_atoms=5, v_min=-1.0, v_max=1.0)) as algo:
+            learner = algo.learner.obj
+            obs = torch.as_tensor(np.stack([make_env("GatesTest-v0").reset(seed=s)[0] for s in range(64)]))
+            next_obs = obs.flip(0).clone()
+            legal = next_obs[:, 5:] > 0.5
+            with torch.no_grad():
+                p_next = learner.target.atom_logits(next_obs).softmax(-1)
+                picker = learner.policy(next_obs) if double else p_next @ learner.policy.support
+            assert (~legal.gather(1, picker.argmax(-1, keepdim=True))).sum() >= 10  # unmasked: often a closed gate
+            best = picker.masked_fill(~legal, -np.inf).argmax(-1)
+            seen.clear()
+            learner.train_batch(Transitions(obs, torch.zeros(64, dtype=torch.long), torch.zeros(64), next_obs,
+                                            torch.full((64,), 0.5), torch.ones(64), None))
+            torch.testing.assert_close(seen[0][0], p_next[torch.arange(64), best])
 
 
 def test_sac_discrete_aims_at_the_entropy_the_legal_actions_allow():

@@ -269,6 +269,7 @@ def test_epsilon_schedule():
     (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2}),  # quantile critics, priorities
     (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True}),
     (DQNConfig, "CartPole-v1", {"noisy": True, "n_step": 2}),  # noise from the learner's and runners' generators
+    (DQNConfig, "CartPole-v1", {"num_atoms": 11, "v_min": 0.0, "v_max": 20.0, "prioritized": True}),  # C51
 ])
 def test_resume_with_saved_replay_continues_exactly(tmp_path, caplog, cls, env, extra):
     config = cls(env=env, hidden_sizes=(32, 32), batch_size=32, learning_starts=64, rollout_steps=8,

@@ -1,7 +1,7 @@
-"""Deep Q-Networks (Mnih et al. 2015) with Rainbow's options: double Q-learning (van Hasselt et
-al. 2016), a dueling head (Wang et al. 2016), n-step returns, prioritised replay (Schaul et al.
-2016) and noisy nets (Fortunato et al. 2018). All on: Rainbow without its distributional part,
-which qrdqn adds (as quantiles, where Rainbow had C51's categories).
+"""Deep Q-Networks (Mnih et al. 2015) with Rainbow's options (Hessel et al. 2018): double
+Q-learning (van Hasselt et al. 2016), a dueling head (Wang et al. 2016), n-step returns,
+prioritised replay (Schaul et al. 2016), noisy nets (Fortunato et al. 2018) and a categorical
+distribution of returns (C51, Bellemare et al. 2017). All on: Rainbow.
 """
 
 from __future__ import annotations
@@ -54,10 +54,20 @@ class DQNConfig(OffPolicyConfig):
     place of epsilon-greedy (epsilon is 0 once learning starts; Fortunato et al. 2018)."""
     noisy_sigma0: float = 0.5
     """Noisy nets' initial noise scale: sigma = sigma0 / sqrt(inputs) on every weight and bias."""
+    num_atoms: int = 1
+    """Atoms of a categorical distribution of each action's return, evenly spaced from v_min to
+    v_max (C51, Bellemare et al. 2017: 51), learned by cross-entropy against the projected target
+    distribution; 1: expected values only (RLlib's num_atoms)."""
+    v_min: float = -10.0
+    """With num_atoms > 1: the smallest return the distribution holds (targets below it are clipped to it)."""
+    v_max: float = 10.0
+    """With num_atoms > 1: the largest return the distribution holds (targets above it are clipped to it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.noisy_sigma0 > 0, "noisy_sigma0 must be positive")
+        _check(self.num_atoms == 1 or self.num_atoms >= 2, "num_atoms must be 1 (expected values) or at least 2")
+        _check(self.num_atoms == 1 or self.v_min < self.v_max, "v_min must be below v_max")
         _check(self.target_update_interval >= 1, "target_update_interval must be at least 1")
         _check(0 <= self.exploration_fraction <= 1, "exploration_fraction must be in [0, 1]")
         _check(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
@@ -132,7 +142,9 @@ class QNetwork(PolicyModule):
 
     With ``quantiles`` M > 1 (QR-DQN) the heads give M quantiles of each action's return
     (:meth:`quantiles`, [N, actions, M]; the dueling head's value M of them too), and Q-values,
-    which it acts on, are their means.
+    which it acts on, are their means. With ``atoms`` K > 1 (C51) they give the logits of a
+    categorical distribution over K returns evenly spaced from ``v_min`` to ``v_max``
+    (:meth:`atom_logits`; dueling on the logits, as Rainbow's), and Q-values are its expectations.
 
     With ``noisy_sigma0`` the heads' layers are :class:`NoisyLinear`, and so is the image
     encoder's fully connected layer (its convolutions stay plain, as Rainbow's; a user's
@@ -144,22 +156,25 @@ class QNetwork(PolicyModule):
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
                  activation: str, dueling: bool, encoder: EncoderSpec | None = None, quantiles: int = 1,
-                 noisy_sigma0: float | None = None):
+                 noisy_sigma0: float | None = None, atoms: tuple[int, float, float] = (1, 0.0, 0.0)):
         super().__init__(obs_space, action_space, normalize_obs=False, images=True, encoder=encoder)
         if not self.discrete:
             raise ShoalError("dqn needs discrete actions; use sac, td3 or ddpg for continuous ones")
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-        self.dueling, self.n_quantiles = dueling, quantiles
+        self.dueling, self.n_quantiles, self.n_atoms = dueling, quantiles, atoms[0]
+        outputs = quantiles * self.n_atoms  # per action (one of the two is 1)
+        if self.n_atoms > 1:  # the returns the atoms stand for (not a weight: rebuilt from the settings)
+            self.register_buffer("support", torch.linspace(atoms[1], atoms[2], self.n_atoms), persistent=False)
         if self.cnn:
             hidden_sizes = ()
         if dueling:
             self.trunk = (nn.Sequential(mlp([self.feature_dim, *hidden_sizes], act, out_gain=1.0), act())
                           if hidden_sizes else nn.Identity())
             width = hidden_sizes[-1] if hidden_sizes else self.feature_dim
-            self.value_head = mlp([width, quantiles], act, out_gain=1.0)
-            self.advantage_head = mlp([width, self.action_dim * quantiles], act, out_gain=1.0)
+            self.value_head = mlp([width, outputs], act, out_gain=1.0)
+            self.advantage_head = mlp([width, self.action_dim * outputs], act, out_gain=1.0)
         else:
-            self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * quantiles], act, out_gain=1.0)
+            self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * outputs], act, out_gain=1.0)
         self.noisy = noisy_sigma0 is not None
         if self.noisy:  # the heads, and the Nature network's 512 units (Rainbow's every fully connected layer)
             for head in ("trunk", "value_head", "advantage_head", "q"):
@@ -173,6 +188,8 @@ class QNetwork(PolicyModule):
     def forward(self, x: Tensor) -> Tensor:  # [N, actions]
         if self.n_quantiles > 1:
             return self.quantiles(x).mean(-1)
+        if self.n_atoms > 1:
+            return self.atom_logits(x).softmax(-1) @ self.support
         if not self.dueling:
             return self.q(self.encoder(x))
         h = self.trunk(self.encoder(x))
@@ -181,7 +198,15 @@ class QNetwork(PolicyModule):
 
     def quantiles(self, x: Tensor) -> Tensor:
         """[N, actions, M]: M quantiles of each action's return (the network's outputs, with M > 1)."""
-        n, m = x.shape[0], self.n_quantiles
+        return self._per_action(x, self.n_quantiles)
+
+    def atom_logits(self, x: Tensor) -> Tensor:
+        """[N, actions, K]: logits of each action's return being each of the K atoms (with K > 1)."""
+        return self._per_action(x, self.n_atoms)
+
+    def _per_action(self, x: Tensor, m: int) -> Tensor:
+        """The heads' ``m`` outputs per action [N, actions, m] (dueling: per output)."""
+        n = x.shape[0]
         if not self.dueling:
             return self.q(self.encoder(x)).view(n, self.action_dim, m)
         h = self.trunk(self.encoder(x))
@@ -250,10 +275,27 @@ def td_targets(rewards: Tensor, discounts: Tensor, next_q_target: Tensor, next_q
     return rewards + discounts * best
 
 
+def categorical_targets(probs: Tensor, rewards: Tensor, discounts: Tensor, support: Tensor) -> Tensor:
+    """C51's target distribution [N, K] (Bellemare et al. 2017, Algorithm 1): each atom z_j of the
+    next state's distribution ``probs`` [N, K] moves to r + discount * z_j, clipped to the support,
+    and its probability is split between the two atoms around it in proportion to nearness (all of
+    it to one it lands on). A terminal row's (discount 0) is all at r."""
+    k = len(support)
+    v_min, v_max = support[0], support[-1]
+    moved = (rewards[:, None] + discounts[:, None] * support).clamp(v_min, v_max)
+    b = (moved - v_min) / ((v_max - v_min) / (k - 1))  # fractional atom index, in [0, K - 1]
+    lower, upper = b.floor().long().clamp(0, k - 1), b.ceil().long().clamp(0, k - 1)
+    out = torch.zeros_like(probs)
+    out.scatter_add_(1, lower, probs * (upper - b + (lower == upper)))
+    out.scatter_add_(1, upper, probs * (b - lower))
+    return out
+
+
 def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
     """The Q-network DQN trains and runners act with."""
     return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config), noisy_sigma0=config.noisy_sigma0 if config.noisy else None)
+                    EncoderSpec.of(config), noisy_sigma0=config.noisy_sigma0 if config.noisy else None,
+                    atoms=(config.num_atoms, config.v_min, config.v_max))
 
 
 class DQNLearner(OffPolicyLearner):
@@ -288,6 +330,8 @@ class DQNLearner(OffPolicyLearner):
     def td_update(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         """One update on batch ``b`` (its loss, the optimizer's step and the target's)."""
         c = self.config
+        if c.num_atoms > 1:
+            return self.categorical_update(b)
         q = self.policy(b.obs).gather(-1, b.actions[:, None]).squeeze(-1)
         with torch.no_grad():
             m = self.policy
@@ -302,6 +346,29 @@ class DQNLearner(OffPolicyLearner):
         td = (q - target).detach()
         return {"loss/q": loss.detach(), "learner/q_mean": q.detach().mean(),
                 "learner/epsilon": self.policy.epsilon.clone()}, td.abs() if c.prioritized else None
+
+    def categorical_update(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        """C51's update: cross-entropy of the taken action's distribution against the target
+        network's at the best next action (by the online network's expectations with double),
+        projected onto the support. Prioritised replay's priority is its KL divergence (Rainbow's)."""
+        c, m = self.config, self.policy
+        n = len(b.rewards)
+        logits = m.atom_logits(b.obs)[torch.arange(n), b.actions]  # [N, K]
+        with torch.no_grad():
+            legal = m.legal(b.next_obs)
+            next_p = self.target.atom_logits(b.next_obs).softmax(-1)  # [N, actions, K]
+            picker = m.legal_q(b.next_obs, legal=legal) if c.double else m.legal_q(b.next_obs, next_p @ m.support, legal)
+            target = categorical_targets(next_p[torch.arange(n), picker.argmax(-1)], b.rewards, b.discounts, m.support)
+        log_p = F.log_softmax(logits, -1)
+        cross_entropy = -(target * log_p).sum(-1)
+        loss = (b.weights * cross_entropy).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.clip_and_step()
+        self.update_target()
+        kl = (torch.xlogy(target, target) - target * log_p.detach()).sum(-1)
+        return {"loss/q": loss.detach(), "learner/q_mean": (log_p.detach().exp() @ m.support).mean(),
+                "learner/epsilon": m.epsilon.clone()}, kl if c.prioritized else None
 
     def clip_and_step(self) -> None:
         """The optimizer's step, on gradients clipped to max_grad_norm."""

@@ -44,6 +44,7 @@ class QRDQNConfig(DQNConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.n_quantiles >= 2, "n_quantiles must be at least 2 (1 is dqn)")
+        _check(self.num_atoms == 1, "qrdqn learns quantiles: --num-atoms is dqn's categorical distribution (C51)")
 
 
 def make_policy(config: QRDQNConfig, obs_space, action_space) -> QNetwork:
