@@ -357,7 +357,8 @@ class DQNLearner(OffPolicyLearner):
         with torch.no_grad():
             legal = m.legal(b.next_obs)
             next_p = self.target.atom_logits(b.next_obs).softmax(-1)  # [N, actions, K]
-            picker = m.legal_q(b.next_obs, legal=legal) if c.double else m.legal_q(b.next_obs, next_p @ m.support, legal)
+            expected = None if c.double else next_p @ m.support  # the online network's Q with double
+            picker = m.legal_q(b.next_obs, expected, legal)
             target = categorical_targets(next_p[torch.arange(n), picker.argmax(-1)], b.rewards, b.discounts, m.support)
         log_p = F.log_softmax(logits, -1)
         cross_entropy = -(target * log_p).sum(-1)
