@@ -121,3 +121,21 @@ def test_the_loss_is_the_cross_entropy_against_the_projected_target_and_the_prio
 def test_what_c51_cannot_train_is_refused_in_one_line(algo, settings, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         shoal.make_config(algo, "CartPole-v1", **settings)
+
+
+def test_the_rainbow_example_builds_rainbow_on_atari():
+    """examples/rainbow/atari.yaml, the paper's settings over DQN's Atari preset."""
+    from pathlib import Path
+
+    from shoal.algos.dqn import NoisyLinear
+    from shoal.config import build
+    from shoal.envs import env_spaces
+
+    file = Path(__file__).parent.parent / "examples" / "rainbow" / "atari.yaml"
+    config = build(DQNConfig, "dqn", env="ALE/Pong-v5", file=str(file))
+    assert (config.num_atoms, config.noisy, config.dueling, config.double, config.n_step, config.prioritized) == (
+        51, True, True, True, 3, True)
+    assert config.compress_observations and config.clip_rewards  # the preset's, under it
+    net = shoal.algos.get("dqn").make_policy(config, *env_spaces("ALE/Pong-v5"))
+    assert net.atom_logits(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 6, 51)
+    assert isinstance(net.encoder.linear, NoisyLinear)

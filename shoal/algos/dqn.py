@@ -396,4 +396,5 @@ class DQNLearner(OffPolicyLearner):
 
 
 register(AlgoSpec("dqn", DQNConfig, DQNLearner, make_policy, "sync",
-                  "DQN with double, dueling, n-step and prioritised replay options (discrete actions)"))
+                  "DQN with double, dueling, n-step, prioritised replay, noisy nets and C51 options: all on is "
+                  "Rainbow (discrete actions)"))
