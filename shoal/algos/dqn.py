@@ -6,6 +6,9 @@ distribution of returns (C51, Bellemare et al. 2017). All on: Rainbow.
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,10 +16,6 @@ import gymnasium as gym
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-import contextlib
-import math
-from collections.abc import Iterator
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
@@ -182,6 +181,8 @@ class QNetwork(PolicyModule):
                     make_noisy(getattr(self, head), noisy_sigma0)
             if self.cnn:
                 self.encoder.linear = NoisyLinear(self.encoder.linear, noisy_sigma0)
+        # found once: acting enters noise() at every step (a copy's, deepcopied, are its own)
+        self.noisy_layers = tuple(m for m in self.modules() if isinstance(m, NoisyLinear))
         self.register_buffer("epsilon", torch.tensor(1.0))
         self.register_buffer("random_actions", torch.tensor(True))  # until learning starts
 
@@ -217,13 +218,12 @@ class QNetwork(PolicyModule):
     def noise(self, generator: torch.Generator | None, per_row: bool = True) -> Iterator[None]:
         """Within the block, the noisy layers draw noise from ``generator``, for each input row or
         once a call (nothing without noisy layers)."""
-        layers = [m for m in self.modules() if isinstance(m, NoisyLinear)]
-        for layer in layers:
+        for layer in self.noisy_layers:
             layer.draws = (generator, per_row)
         try:
             yield
         finally:
-            for layer in layers:
+            for layer in self.noisy_layers:
                 layer.draws = None
 
     def apply_ladder(self, index: int, count: int) -> None:
