@@ -37,6 +37,18 @@ def tiny():
     return small_ppo
 
 
+def learner_for(config):
+    """The learner of ``config``'s algorithm, built in this process on its env's spaces (a fresh
+    WeightStore), for tests of one update at a time."""
+    import gymnasium as gym
+
+    import shoal
+    from shoal.weights import WeightStore
+
+    env = gym.make(config.env)
+    return shoal.algos.get(config.algo).learner_cls(config, env.observation_space, env.action_space, WeightStore())
+
+
 def record_quantile_losses(monkeypatch, module) -> list:
     """The (estimates, targets) of every quantile Huber loss the algorithm ``module`` (tqc's, qrdqn's)
     takes from now on, in a list; each loss is taken as before."""

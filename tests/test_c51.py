@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import copy
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import shoal
+from conftest import learner_for
 from shoal.algos.dqn import DQNConfig, categorical_targets
 from shoal.errors import ConfigError
 from shoal.replay import Transitions
-from shoal.weights import WeightStore
 
 
 def test_the_target_distribution_by_hand():
@@ -58,8 +57,7 @@ def test_the_target_distribution_against_a_brute_force_one():
 def learner(**settings):
     config = DQNConfig(env="CartPole-v1", hidden_sizes=(16, 16), num_atoms=11, v_min=-5.0, v_max=5.0, seed=0,
                        **settings)
-    e = gym.make("CartPole-v1")
-    return shoal.algos.get("dqn").learner_cls(config, e.observation_space, e.action_space, WeightStore())
+    return learner_for(config)
 
 
 @pytest.mark.parametrize("dueling", [False, True])

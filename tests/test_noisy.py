@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import shoal
+from conftest import learner_for
 from shoal.algos.dqn import DQNConfig, NoisyLinear
 from shoal.replay import Transitions
-from shoal.weights import WeightStore
 
 
 def f(e):
@@ -57,8 +57,7 @@ def learner(algo="dqn", env="CartPole-v1", **settings):
     settings = {"hidden_sizes": (16, 16), "seed": 0, "noisy": True, "learning_starts": 100,
                 **({"n_quantiles": 5} if algo == "qrdqn" else {}), **settings}
     config = shoal.make_config(algo, env, **settings)
-    e = gym.make(env)
-    return shoal.algos.get(algo).learner_cls(config, e.observation_space, e.action_space, WeightStore())
+    return learner_for(config)
 
 
 @pytest.mark.parametrize("algo, dueling", [("dqn", False), ("dqn", True), ("qrdqn", True)])

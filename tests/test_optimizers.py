@@ -3,12 +3,11 @@ QR-DQN's is its paper's (and its presets sb3-contrib's), and a resumed learner k
 
 from __future__ import annotations
 
-import gymnasium as gym
 import pytest
 
 import shoal
+from conftest import learner_for
 from shoal.errors import ConfigError
-from shoal.weights import WeightStore
 
 ENVS = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}
 ALGOS = [("ppo", "discrete", {}), ("a2c", "discrete", {}), ("a2c", "discrete", {"optimizer": "adam"}),
@@ -19,8 +18,7 @@ ALGOS = [("ppo", "discrete", {}), ("a2c", "discrete", {}), ("a2c", "discrete", {
 
 def learner(algo, env, **settings):
     config = shoal.make_config(algo, env, hidden_sizes=(8, 8), **settings)
-    e = gym.make(env)
-    return shoal.algos.get(algo).learner_cls(config, e.observation_space, e.action_space, WeightStore())
+    return learner_for(config)
 
 
 def epsilons(lr):

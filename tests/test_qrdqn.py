@@ -6,26 +6,23 @@ from __future__ import annotations
 
 import copy
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import shoal
-from conftest import record_quantile_losses
+from conftest import learner_for, record_quantile_losses
 from shoal.algos import qrdqn
 from shoal.algos.qrdqn import QRDQNConfig
 from shoal.offpolicy import quantile_huber_loss
 from shoal.replay import Transitions
-from shoal.weights import WeightStore
 
 QUICK = dict(progress=False, tensorboard=False, eval_interval=0, torch_threads=1)
 
 
 def learner(env="CartPole-v1", **settings):
     config = QRDQNConfig(env=env, hidden_sizes=(16, 16), n_quantiles=7, seed=0, **settings)
-    e = gym.make(env)
-    return shoal.algos.get("qrdqn").learner_cls(config, e.observation_space, e.action_space, WeightStore())
+    return learner_for(config)
 
 
 def batch(n=32, seed=0, obs_dim=4, actions=2):
