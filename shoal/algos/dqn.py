@@ -174,8 +174,7 @@ class QNetwork(PolicyModule):
             self.advantage_head = mlp([width, self.action_dim * outputs], act, out_gain=1.0)
         else:
             self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * outputs], act, out_gain=1.0)
-        self.noisy = noisy_sigma0 is not None
-        if self.noisy:  # the heads, and the Nature network's 512 units (Rainbow's every fully connected layer)
+        if noisy_sigma0 is not None:  # the heads, and the Nature network's 512 units (Rainbow's every fully connected layer)
             for head in ("trunk", "value_head", "advantage_head", "q"):
                 if hasattr(self, head):
                     make_noisy(getattr(self, head), noisy_sigma0)
@@ -229,7 +228,7 @@ class QNetwork(PolicyModule):
     def apply_ladder(self, index: int, count: int) -> None:
         """Ape-X's fixed per-actor rates: eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Horgan et al. 2018, Sec. 4.1).
         A noisy network explores by its noise instead, each actor's its own draws."""
-        if not bool(self.random_actions) and not self.noisy:
+        if not bool(self.random_actions) and not self.noisy_layers:
             self.epsilon.fill_(0.4 ** (1 + 7 * index / max(1, count - 1)))
 
     @torch.no_grad()
@@ -291,10 +290,11 @@ def categorical_targets(probs: Tensor, rewards: Tensor, discounts: Tensor, suppo
     return out
 
 
-def make_policy(config: DQNConfig, obs_space, action_space) -> QNetwork:
-    """The Q-network DQN trains and runners act with."""
+def make_policy(config: DQNConfig, obs_space, action_space, quantiles: int = 1) -> QNetwork:
+    """The Q-network DQN trains and runners act with (QR-DQN's, with its ``quantiles``)."""
     return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config), noisy_sigma0=config.noisy_sigma0 if config.noisy else None,
+                    EncoderSpec.of(config), quantiles=quantiles,
+                    noisy_sigma0=config.noisy_sigma0 if config.noisy else None,
                     atoms=(config.num_atoms, config.v_min, config.v_max))
 
 

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from shoal.algos import AlgoSpec, register
+from shoal.algos import dqn
 from shoal.algos.dqn import DQNConfig, DQNLearner, QNetwork
 from shoal.config import _check
 from shoal.offpolicy import quantile_huber_loss
-from shoal.policy import EncoderSpec
 from shoal.replay import Transitions
 
 
@@ -49,9 +49,7 @@ class QRDQNConfig(DQNConfig):
 
 def make_policy(config: QRDQNConfig, obs_space, action_space) -> QNetwork:
     """DQN's network with M quantiles per action."""
-    return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config), quantiles=config.n_quantiles,
-                    noisy_sigma0=config.noisy_sigma0 if config.noisy else None)
+    return dqn.make_policy(config, obs_space, action_space, quantiles=config.n_quantiles)
 
 
 class QRDQNLearner(DQNLearner):
