@@ -81,7 +81,7 @@ class Algorithm:
                                              self.action_space, self.store, name="learner",
                                              num_gpus=self.backend.learner_gpus(), **extra)
             self.inference = self._inference_servers() if config.inference == "central" else []
-            self.runners = [self.backend.make(EnvRunner, config, i, self.store, "default",
+            self.runners = [self.backend.make(self.spec.runner_cls or EnvRunner, config, i, self.store, "default",
                                               shards[i % len(shards)] if shards else None,
                                               self.inference[i % len(self.inference)] if self.inference else None,
                                               name=f"runner-{i}", num_cpus=self.backend.runner_cpus(),
@@ -237,7 +237,7 @@ class Algorithm:
         self.incarnations[i] += 1
         time.sleep(min(5.0, 0.1 * 2 ** min(self.incarnations[i], 6)))  # back off a runner that keeps failing
         self.runners[i] = self.backend.replace(
-            self.runners[i], EnvRunner, c, i, self.store, "default",
+            self.runners[i], self.spec.runner_cls or EnvRunner, c, i, self.store, "default",
             self.shards[i % len(self.shards)] if self.shards else None,
             self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
             name=f"runner-{i}", num_cpus=self.backend.runner_cpus(), num_gpus=self.backend.runner_gpus())

@@ -320,6 +320,11 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "target_kl": ("sb3-contrib's TRPO", {"max_kl": ""}),
     "cg_max_steps": ("sb3-contrib's", {"cg_iters": ""}),
     "n_critic_updates": ("sb3-contrib's", {"vf_epochs": ""}),
+    "n_directions": ("the ARS paper's code", {"n_delta": ""}),
+    "deltas_used": ("the ARS paper's code", {"n_top": ""}),
+    "num_rollouts": ("RLlib's ARS", {"n_delta": ""}),
+    "rollouts_used": ("RLlib's ARS", {"n_top": ""}),
+    "noise_stdev": ("RLlib's ARS", {"delta_std": ""}),
     "clip_param": ("RLlib's", {"clip": ""}),
     "vf_clip_param": ("RLlib's", {"vf_clip": ""}),
     "entropy_coeff": ("RLlib's", {"ent_coef": "", "alpha": ""}),  # SAC's: its alpha

@@ -39,6 +39,8 @@ SMOOTHING = {"tau": [0.001, 0.005, 0.01, 0.02, 0.05]}
 DQN = {**OFF_POLICY, "exploration_fraction": "float(0.05, 0.5)", "exploration_final_eps": "float(0.0, 0.2)",
        "target_update_interval": [1, 250, 1000, 5000, 10000]}
 SPACES: dict[str, dict[str, Any]] = {
+    "ars": {"lr": "log(1e-3, 0.1)", "delta_std": "log(1e-3, 0.2)", "n_delta": [4, 8, 16, 32, 64],
+            "policy": ["linear", "mlp"], "hidden_sizes": [[16], [64, 64]]},
     "ppo": {**ON_POLICY, "clip": [0.1, 0.2, 0.3, 0.4], "num_epochs": [1, 5, 10, 20]},
     "a2c": ON_POLICY,
     "impala": ON_POLICY,

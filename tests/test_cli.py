@@ -571,7 +571,7 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo"),
+    (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, ars, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
     # names are compared without their versions: whole ids matched on "-v3" (Humanoid-v3) and "-v0"
     (["train", "ppo", "--env", "Taxi-v3"], "unknown environment 'Taxi-v3'; did you mean Taxi-v4?"),
@@ -915,7 +915,8 @@ def test_every_peer_name_is_one_some_algorithm_lacks_and_names_settings_it_has()
 
     everywhere = {name for spec in ALGOS.values() for name in field_names(spec.config_cls)}
     for peer, (whose, ours) in PEER_NAMES.items():
-        assert whose.split("'s")[0] in ("SB3", "SB3 Monitor", "sb3-contrib", "rl-zoo", "RLlib", "CleanRL"), peer
+        assert whose.split("'s")[0] in ("SB3", "SB3 Monitor", "sb3-contrib", "rl-zoo", "RLlib", "CleanRL",
+                                          "the ARS paper"), peer
         assert set(ours) <= everywhere, (peer, set(ours) - everywhere)
         named = {m for note in ours.values() for m in re.findall(r"\{(\w+)\}", note)}
         assert named <= everywhere, (peer, named - everywhere)
@@ -942,7 +943,7 @@ def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for
     code, out, _ = run_cli(capsys, "envs", "cartpole", "ACROBOT")  # any word, in any case
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if "│" in line}
     assert code == 0 and "CartPole-v0" in rows and "Acrobot-v1" in rows and "Pendulum-v1" not in rows, out
-    assert rows["CartPole-v1"] == "a2c, appo, dqn, impala, ppo, qrdqn, sac, trpo" and rows["CartPole-v0"] == ""
+    assert rows["CartPole-v1"] == "a2c, appo, ars, dqn, impala, ppo, qrdqn, sac, trpo" and rows["CartPole-v0"] == ""
     code, out, _ = run_cli(capsys, "envs", "Breakout-v5")
     assert code == 0 and "ALE/Breakout-v5 │ dqn, ppo" in out  # a preset for a pattern (ALE/*)
     code, _, err = run_cli(capsys, "envs", "no-such-env")

@@ -69,6 +69,9 @@ CASES = {
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "sac-discrete": ("sac", VECTOR, gym.spaces.Discrete(3), {}),
     "td3": ("td3", VECTOR, gym.spaces.Box(0, 1, (2,)), {}),
+    "ars-linear-normalised": ("ars", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),  # clipped
+    "ars-mlp-discrete": ("ars", VECTOR, gym.spaces.Discrete(3), {"policy": "mlp"}),
+    "ars-mlp-squashed": ("ars", VECTOR, gym.spaces.Box(0, np.array([1, 4], np.float32)), {"policy": "mlp"}),
     "crossq-renormalised": ("crossq", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),
     "tqc-images": ("tqc", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Box(-1, 1, (2,)), {}),
     "ppo-your-encoder": ("ppo", VECTOR, gym.spaces.Discrete(3), {"encoder": "user_encoders:Tanh"}),

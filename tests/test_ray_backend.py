@@ -35,24 +35,30 @@ def sac_config(**kw):
                      num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "sac", "ppo-sde", "sac-sde"])
+@pytest.mark.parametrize("algo", ["ppo", "sac", "ppo-sde", "sac-sde", "ars"])
 def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
     """Switching --backend must change where the algorithm runs, never what it computes (PPO's
     policy recurrent, so the runners' memories travel with their rollouts too; with gSDE, each
-    runner's noise matrices, drawn from its own generator)."""
-    results = {}
+    runner's noise matrices, drawn from its own generator; ARS's runners each playing their half
+    of the candidates, whose directions they draw from the seed the learner publishes)."""
+    results, steps = {}, {}
     for backend in ("local", "ray"):
         config = {"ppo": lambda: tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11, lstm_size=8),
                   "sac": lambda: sac_config(backend=backend, num_env_runners=2, seed=11),
                   "ppo-sde": lambda: tiny(env="Pendulum-v1", backend=backend, num_env_runners=2, seed=11, use_sde=True,
                                           sde_sample_freq=5),
-                  "sac-sde": lambda: sac_config(backend=backend, num_env_runners=2, seed=11, use_sde=True)}[algo]()
+                  "sac-sde": lambda: sac_config(backend=backend, num_env_runners=2, seed=11, use_sde=True),
+                  "ars": lambda: shoal.make_config("ars", "CartPole-v1", backend=backend, num_env_runners=2, seed=11,
+                                                   n_delta=3, progress=False, tensorboard=False)}[algo]()
         with shoal.make(config) as algo_:
             for _ in range(4):
                 metrics = algo_.train()
             assert metrics["learner/policy_version"] == 4
-            assert metrics["env_steps"] == (512 if algo.startswith("ppo") else 160)  # SAC: 32 + 64 + 32 + 32
+            if algo != "ars":  # (ARS's iterations are as long as their episodes)
+                assert metrics["env_steps"] == (512 if algo.startswith("ppo") else 160)  # SAC: 32 + 64 + 32 + 32
+            steps[backend] = metrics["env_steps"]
             results[backend] = algo_.backend.get(algo_.learner.call("get_weights"))
+    assert steps["local"] == steps["ray"]
     for k, v in results["local"].items():
         np.testing.assert_array_equal(v, results["ray"][k], err_msg=k)
 

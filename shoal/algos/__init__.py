@@ -19,6 +19,7 @@ class AlgoSpec:
     make_policy: Callable[..., Any]  # (config, obs_space, action_space) -> policy module
     loop: str  # driver loop on Ray: "sync" (sample -> update -> publish) or "async" (queued rollouts)
     summary: str
+    runner_cls: type | None = None  # the runners' class (default: shoal.runner.EnvRunner)
 
 
 ALGOS: dict[str, AlgoSpec] = {}
@@ -55,4 +56,4 @@ def spec_for(config: Any) -> AlgoSpec:
     return get(config.algo)
 
 
-from shoal.algos import a2c, appo, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo  # noqa: E402,F401  (each registers itself)
+from shoal.algos import a2c, appo, ars, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo  # noqa: E402,F401  (each registers itself)
