@@ -82,11 +82,13 @@ def test_each_row_acts_with_its_own_weights(env, policy):
 
 def replay(env_id, seed, num_envs, queue, weights):
     """The episodes (candidate, length) a runner's envs play, one Gymnasium env at a time in
-    lockstep: env b starts from seed + b with candidate queue[b]; an env whose episode ends takes
-    the next candidate of the queue (the lowest-numbered env first) and goes on from its own
-    next episode (same-step autoreset)."""
+    lockstep: env b, seeded seed + b when the runner was made, starts its next episode with
+    candidate queue[b]; an env whose episode ends takes the next candidate of the queue (the
+    lowest-numbered env first) and goes on from its own next episode (same-step autoreset)."""
     envs = [gym.make(env_id) for _ in range(num_envs)]
-    obs = [env.reset(seed=seed + b)[0] for b, env in enumerate(envs)]
+    for b, env in enumerate(envs):  # the runner's reset when it was made
+        env.reset(seed=seed + b)
+    obs = [env.reset()[0] for env in envs]  # the iteration's: each env from its own stream
     playing, lengths, nxt, played = list(queue[:num_envs]), [0] * num_envs, num_envs, []
     while any(k is not None for k in playing):
         for b, k in enumerate(playing):
@@ -115,15 +117,13 @@ def test_a_runner_plays_its_candidates_whole_episodes_with_their_weights(num_env
     learner.publish()  # zero weights: each candidate is its direction
     runner = ARSRunner(c, 1, store)
     assert runner.env.num_envs == min(num_envs, 6)
-    state = runner.generator.get_state()
     got = runner.sample(c.steps_per_rollout)
     assert sorted(got.candidates.tolist()) == [1, 1, 3, 3, 5, 5]
     np.testing.assert_array_equal(got.returns, got.lengths)  # CartPole: a reward per step
-    seed = int(torch.randint(2**31 - runner.env.num_envs, (1,), generator=torch.Generator().set_state(state)))
     d = runner.policy.directions(3) * c.delta_std
     weights = {k: d[k % 3] * (1 if k < 3 else -1) for k in (1, 3, 5)}
     assert sorted(zip(got.candidates.tolist(), got.lengths.tolist())) == replay(
-        c.env, seed, runner.env.num_envs, [1, 3, 5, 1, 3, 5], weights)
+        c.env, runner.seed, runner.env.num_envs, [1, 3, 5, 1, 3, 5], weights)
     steps = got.env_steps // runner.env.num_envs  # until the last episode ended
     assert steps == max(got.lengths) if num_envs == 8 else got.lengths.sum() <= 2 * steps
 

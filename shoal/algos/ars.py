@@ -188,8 +188,11 @@ class CandidateEpisodes:
 class ARSRunner(EnvRunner):
     """Plays this runner's share of the candidates, one whole episode each per evaluation; an env
     whose episode ends takes the next candidate still to play (same-step autoreset: the next
-    episode starts there). Each iteration starts every env on a fresh episode, seeded from the
-    runner's generator (saved in checkpoints, so a resumed run plays the same episodes)."""
+    episode starts there). Each iteration starts every env on a fresh episode, each from its own
+    random stream (seeded once, when the runner is made; saved in checkpoints with the envs, so a
+    resumed run plays the same episodes). Reseeding the envs every iteration instead (seed s for
+    env 0, s + 1 for env 1, ...) learned Swimmer-v5 worse: 0 of 9 seeds past 150 in 40
+    iterations, against 3 of 9 this way (BENCHMARKS.md)."""
 
     def __init__(self, config: ARSConfig, runner_id: int, *args: Any, **kwargs: Any):
         jobs = len(range(runner_id, 2 * config.n_delta, config.num_env_runners)) * config.n_eval_episodes
@@ -206,8 +209,7 @@ class ARSRunner(EnvRunner):
         base = m.flat()
         d = m.directions(n) * c.delta_std
         candidates = torch.cat([base + d, base - d])  # [2n, P]
-        seed = int(torch.randint(2**31 - B, (1,), generator=self.generator, device=self.generator.device))
-        self.obs, _ = env.reset(seed=seed)
+        self.obs, _ = env.reset()
         playing = np.full(B, -1)  # each env's candidate; -1: idle
         weights = base.repeat(B, 1)  # idle envs act with the base weights (their steps are not scored)
         nxt = 0
@@ -304,7 +306,10 @@ class ARSLearner(Learner):
         return {}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        pass
+        """None: the weights, the normaliser and the directions' seed are all the policy's."""
+
+    def load_extra_networks(self, extra: dict[str, Any]) -> None:
+        """None (see EXTRA_NETWORKS)."""
 
 
 register(AlgoSpec("ars", ARSConfig, ARSLearner, make_policy, "sync",
