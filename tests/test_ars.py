@@ -147,7 +147,7 @@ def test_ars_solves_cartpole_within_100k_steps(seed, tmp_path):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ars_solves_mountain_car_continuous_within_300k_steps(seed, tmp_path):
-    """rl-zoo's settings (16 directions, normalised states): 88-120k steps here, 5-7 s."""
+    """rl-zoo's settings (16 directions, normalised states): 90-120k steps here, 3-5 s."""
     summary = shoal.train(config("MountainCarContinuous-v0", seed=seed, total_steps=300_000, stop_return=90,
                                  eval_interval=10_000), run_dir=tmp_path)
     assert summary["best_eval_return"] >= 90 and summary["env_steps"] <= 300_000, summary
