@@ -21,7 +21,7 @@ def test_cartpole_is_ready_for_the_algorithms_of_discrete_actions(capsys):
     code, out, err = check(capsys, "CartPole-v1")
     assert code == 0, err
     assert "Gymnasium's env checker: passed" in out
-    assert "trains with: a2c, appo, dqn, impala, ppo, qrdqn, sac, trpo" in out
+    assert "trains with: a2c, appo, ars, dqn, impala, ppo, qrdqn, sac, trpo" in out
     assert "not td3: td3 needs continuous (Box) actions" in out
     rate = out.split("random actions: ")[1]
     assert float(rate.split(" steps/s")[0].replace(",", "")) > 1000 and "episodes ended" in rate, out
@@ -95,14 +95,14 @@ def test_an_env_that_breaks_gymnasiums_api_fails_with_the_checkers_words(capsys)
 def test_an_env_that_raises_on_random_actions_fails_with_what_it_raised(capsys):
     code, out, _ = check(capsys, "ShoalCheckFailsLater-v0")
     assert code == 1 and "Gymnasium's env checker: passed" in out
-    assert "trains with: a2c, appo, crossq, ddpg, impala, ppo, sac, td3, tqc, trpo" in out
+    assert "trains with: a2c, appo, ars, crossq, ddpg, impala, ppo, sac, td3, tqc, trpo" in out
     assert "random actions: FAILED after 29 steps: RuntimeError: the simulator lost its licence" in out
 
 
 def test_an_env_no_algorithm_takes_says_why_for_each(capsys):
     code, out, _ = check(capsys, "ShoalCheckTextObservations-v0")
     assert code == 1 and "trains with: no algorithm" in out
-    assert "not a2c, appo, dqn, impala, ppo, qrdqn, sac, trpo: observation space Text(" in out
+    assert "not a2c, appo, ars, dqn, impala, ppo, qrdqn, sac, trpo: observation space Text(" in out
     assert "not td3: td3 needs continuous (Box) actions" in out
 
 

@@ -202,7 +202,7 @@ def test_what_cannot_take_them_says_so(capsys):
     assert main(["check-env", "PixelReach-v0", "--env-kwargs", "proprio=true", "--seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert "take them: MixedBox(images 10x10x1; 2 vector entries)\n    a flat vector, the images' 100 pixels first" in (
-        out) and "not trpo: this algorithm takes vector observations, not images" in out, out
+        out) and "not ars, trpo: this algorithm takes vector observations, not images" in out, out
     code = main(["train", "ppo", "--env", "PixelReach-v0", "--env-kwargs", "proprio=true", "--encoder",
                  "user_encoders:SmallCNN", "--total-steps", "64"])
     err = capsys.readouterr().err
