@@ -164,6 +164,14 @@ class Learner:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
         raise NotImplementedError
 
+    def merge_obs_stats(self, rollouts: list[Any]) -> None:
+        """Merge the runners' raw-observation statistics (``obs_moments``) into the policy's
+        normaliser, in runner order."""
+        if self.policy.obs_norm is not None:
+            for r in rollouts:
+                if r.obs_moments is not None:
+                    self.policy.obs_norm.update(r.obs_moments)
+
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The learner's optimisers (most have one; TD3's and DDPG's actor's and critics')."""
         return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]

@@ -283,12 +283,6 @@ class OnPolicyLearner(Learner):
         h = m.unroll(m.encoder(obs), segments, segment_memory(memory, first))
         return m.heads(h, batch["actions"][idx], m.legal(obs))
 
-    def merge_obs_stats(self, rollouts: list[Rollout]) -> None:
-        """Merge the runners' raw-observation statistics into the normaliser, in runner order."""
-        if self.policy.obs_norm is not None:
-            for r in rollouts:
-                self.policy.obs_norm.update(r.obs_moments)
-
 
 @dataclass(frozen=True)
 class AsyncConfig(OnPolicyConfig):

@@ -37,16 +37,16 @@ def tiny():
     return small_ppo
 
 
-def learner_for(config):
-    """The learner of ``config``'s algorithm, built in this process on its env's spaces (a fresh
-    WeightStore), for tests of one update at a time."""
+def learner_for(config, store=None):
+    """The learner of ``config``'s algorithm, built in this process on its env's spaces (with
+    ``store``, or a fresh WeightStore), for tests of one update at a time."""
     import gymnasium as gym
 
     import shoal
     from shoal.weights import WeightStore
 
     env = gym.make(config.env)
-    return shoal.algos.get(config.algo).learner_cls(config, env.observation_space, env.action_space, WeightStore())
+    return shoal.algos.get(config.algo).learner_cls(config, env.observation_space, env.action_space, store or WeightStore())
 
 
 def record_quantile_losses(monkeypatch, module) -> list:

@@ -23,7 +23,7 @@ def config(env="CartPole-v1", **sets):
 
 def episodes(candidates, returns, lengths, version=0, moments=None):
     return CandidateEpisodes(np.asarray(candidates), np.asarray(returns, float), np.asarray(lengths), int(sum(lengths)),
-                             version, 0, moments, list(returns), list(lengths), {})
+                             version, 0, moments, {})
 
 
 def test_the_update_is_the_papers_step_along_the_best_directions():
@@ -112,9 +112,7 @@ def test_a_runner_plays_its_candidates_whole_episodes_with_their_weights(num_env
     c = config(n_delta=3, n_eval_episodes=2, num_env_runners=2, num_envs_per_runner=num_envs, normalize_obs=False,
                delta_std=0.5)
     store = WeightStore()
-    learner = shoal.algos.get("ars").learner_cls(c, gym.make(c.env).observation_space, gym.make(c.env).action_space,
-                                                 store)
-    learner.publish()  # zero weights: each candidate is its direction
+    learner_for(c, store).publish()  # zero weights: each candidate is its direction
     runner = ARSRunner(c, 1, store)
     assert runner.env.num_envs == min(num_envs, 6)
     got = runner.sample(c.steps_per_rollout)
@@ -131,8 +129,7 @@ def test_a_runner_plays_its_candidates_whole_episodes_with_their_weights(num_env
 def test_episodes_are_cut_at_max_episode_steps():
     c = config("Pendulum-v1", n_delta=1, max_episode_steps=20)  # Pendulum's episodes: 200 steps
     store = WeightStore()
-    shoal.algos.get("ars").learner_cls(c, gym.make(c.env).observation_space, gym.make(c.env).action_space,
-                                       store).publish()
+    learner_for(c, store).publish()
     got = ARSRunner(c, 0, store).sample(c.steps_per_rollout)
     assert sorted(got.candidates.tolist()) == [0, 1] and got.lengths.tolist() == [20, 20] and got.env_steps == 40
     assert (got.returns < 0).all()  # scored as they stand

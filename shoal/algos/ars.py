@@ -180,9 +180,15 @@ class CandidateEpisodes:
     policy_version: int
     runner_id: int
     obs_moments: Moments | None
-    episode_returns: list[float]
-    episode_lengths: list[int]
     episode_infos: dict[str, list[float]]
+
+    @property
+    def episode_returns(self) -> list[float]:
+        return self.returns.tolist()
+
+    @property
+    def episode_lengths(self) -> list[int]:
+        return self.lengths.tolist()
 
 
 class ARSRunner(EnvRunner):
@@ -259,7 +265,7 @@ class ARSRunner(EnvRunner):
             done_l.append(int(ep_length[b]))
         moments = Moments.of(np.concatenate(raw)) if raw else None
         return CandidateEpisodes(np.asarray(done_k, np.int64), np.asarray(done_r), np.asarray(done_l, np.int64),
-                                 steps * B, self.version, self.runner_id, moments, done_r, done_l, infos)
+                                 steps * B, self.version, self.runner_id, moments, infos)
 
 
 class ARSLearner(Learner):
@@ -295,10 +301,7 @@ class ARSLearner(Learner):
             diff = torch.as_tensor(plus[top] - minus[top], dtype=d.dtype, device=d.device)
             m.load_flat(m.flat() + step * (diff @ d))
             metrics.update({"ars/return_std": std, "ars/step_size": step, "ars/top_return": float(best[top[0]])})
-        if m.obs_norm is not None:
-            for r in rollouts:
-                if r.obs_moments is not None:
-                    m.obs_norm.update(r.obs_moments)
+        self.merge_obs_stats(rollouts)
         self.draw_directions()
         return metrics
 

@@ -174,7 +174,7 @@ class QNetwork(PolicyModule):
             self.advantage_head = mlp([width, self.action_dim * outputs], act, out_gain=1.0)
         else:
             self.q = mlp([self.feature_dim, *hidden_sizes, self.action_dim * outputs], act, out_gain=1.0)
-        if noisy_sigma0 is not None:  # the heads, and the Nature network's 512 units (Rainbow's every fully connected layer)
+        if noisy_sigma0 is not None:  # the heads and the Nature network's 512 units: Rainbow's fully connected layers
             for head in ("trunk", "value_head", "advantage_head", "q"):
                 if hasattr(self, head):
                     make_noisy(getattr(self, head), noisy_sigma0)
