@@ -416,7 +416,7 @@ def stack_frames(env: gym.Env, n: int, name: str) -> gym.Env:
     from shoal.policy import is_image
 
     space = env.observation_space
-    if isinstance(space, MaskedBox):
+    if getattr(space, "mask_dim", 0):  # a MaskedBox, or a MixedBox of images with a mask
         env.close()
         raise ShoalError(f"{name} gives an action mask: frame_stack stacks observations without one")
     if mixed_layout(space) is not None:
@@ -536,12 +536,17 @@ class MixedBox(gym.spaces.Box):
     in the Dict's order), then the other entries flattened (one-hot for a discrete one). Policies
     read each image with a convolutional encoder of its own and the rest as it is
     (:class:`shoal.policy.MixedEncoder`, as stable-baselines3's MultiInputPolicy); rollouts and
-    replay keep the pixels as bytes."""
+    replay keep the pixels as bytes.
 
-    def __init__(self, low: np.ndarray, high: np.ndarray, images: tuple[tuple[int, ...], ...], seed: Any = None):
+    An env that says which actions are legal and shows images (a board game's planes as pixels)
+    gives one too, its last ``mask_dim`` entries the mask (as a :class:`MaskedBox`'s)."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, images: tuple[tuple[int, ...], ...], mask_dim: int = 0,
+                 seed: Any = None):
         super().__init__(low, high, dtype=np.float32, seed=seed)
         self.images = tuple(tuple(int(d) for d in shape) for shape in images)
         self.pixels = sum(int(np.prod(shape)) for shape in self.images)
+        self.mask_dim = int(mask_dim)
 
     def sample(self, *args: Any, **kwargs: Any) -> np.ndarray:
         """A random observation, its pixels whole numbers as an env's are."""
@@ -550,11 +555,13 @@ class MixedBox(gym.spaces.Box):
         return sample
 
     def __eq__(self, other: object) -> bool:
-        return super().__eq__(other) and getattr(other, "images", ()) == self.images
+        return (super().__eq__(other) and getattr(other, "images", ()) == self.images
+                and getattr(other, "mask_dim", 0) == self.mask_dim)
 
     def __repr__(self) -> str:
         shapes = ", ".join("x".join(map(str, shape)) for shape in self.images)
-        return f"MixedBox(images {shapes}; {self.shape[0] - self.pixels} vector entries)"
+        mask = f", {self.mask_dim} action mask entries" if self.mask_dim else ""
+        return f"MixedBox(images {shapes}; {self.shape[0] - self.pixels - self.mask_dim} vector entries{mask})"
 
 
 def mixed_layout(space: gym.Space) -> tuple[list[str], gym.spaces.Dict | None, list[str]] | None:
@@ -582,6 +589,20 @@ def flatten_mixed(layout: tuple[list[str], gym.spaces.Dict | None, list[str]], o
     return np.concatenate(parts).astype(np.float32)
 
 
+def mixed_bounds(space: gym.spaces.Dict, layout: tuple[list[str], gym.spaces.Dict | None, list[str]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The flat bounds (low, high) of a Dict of images and vectors, for its :func:`mixed_layout`."""
+    images, rest_space, _ = layout
+    bounds = [(space[k].low.reshape(-1), space[k].high.reshape(-1)) for k in images]
+    if rest_space is not None:
+        with warnings.catch_warnings():  # float64 bounds become float32's, as meant
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+            flat = gym.spaces.flatten_space(rest_space)
+        bounds.append((flat.low.reshape(-1), flat.high.reshape(-1)))
+    low, high = (np.concatenate(b).astype(np.float32) for b in zip(*bounds))
+    return low, high
+
+
 class MixedObservation(gym.ObservationWrapper):
     """A Dict of images and vectors as one flat float32 vector, a :class:`MixedBox`."""
 
@@ -590,15 +611,8 @@ class MixedObservation(gym.ObservationWrapper):
         space = env.observation_space
         self.layout = mixed_layout(space)
         assert self.layout is not None, space
-        images, rest_space, _ = self.layout
-        bounds = [(space[k].low.reshape(-1), space[k].high.reshape(-1)) for k in images]
-        if rest_space is not None:
-            with warnings.catch_warnings():  # float64 bounds become float32's, as meant
-                warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
-                flat = gym.spaces.flatten_space(rest_space)
-            bounds.append((flat.low.reshape(-1), flat.high.reshape(-1)))
-        low, high = (np.concatenate(b).astype(np.float32) for b in zip(*bounds))
-        self.observation_space = MixedBox(low, high, tuple(space[k].shape for k in images))
+        self.observation_space = MixedBox(*mixed_bounds(space, self.layout),
+                                          tuple(space[k].shape for k in self.layout[0]))
 
     def observation(self, observation: Any) -> np.ndarray:
         return flatten_mixed(self.layout, observation)
@@ -629,7 +643,8 @@ class ActionMaskObservation(gym.ObservationWrapper):
     """An env's observations with its action mask as one flat float32 vector (a
     :class:`MaskedBox`): the observation flattened (a Dict's other entries, or its only other
     one; a discrete part one-hot), then the mask, from the observation's ``action_mask`` entry or
-    the env's ``action_masks()`` after each reset and step."""
+    the env's ``action_masks()`` after each reset and step. Where the observation holds images (an
+    image alone, or a Dict of images and vectors), a :class:`MixedBox` with the mask last."""
 
     def __init__(self, env: gym.Env, env_id: str = ""):
         super().__init__(env)
@@ -654,23 +669,26 @@ class ActionMaskObservation(gym.ObservationWrapper):
                 per = "action" if isinstance(env.action_space, gym.spaces.Discrete) else "value of each element"
                 raise ShoalError(f"{name}'s action mask has {width} entries, where its action space "
                                  f"{env.action_space} needs {choices} (one per {per})")
-        r = self.rest_space
-        if isinstance(r, gym.spaces.Box) and r.dtype == np.uint8 and len(r.shape) in (2, 3):  # policy.is_image
-            raise ShoalError(f"{name} gives an action mask with image observations ({self.rest_space}): masked "
-                             "policies take vector observations")
-        flat = gym.spaces.flatten_space(self.rest_space)
-        self.observation_space = MaskedBox(np.concatenate([flat.low.reshape(-1), np.zeros(choices)]).astype(np.float32),
-                                           np.concatenate([flat.high.reshape(-1), np.ones(choices)]).astype(np.float32),
-                                           choices)
+        self.flatten_rest = rest_flattener(self.rest_space)  # worked out once, not per step
+        rest = as_dict(self.rest_space)
+        mixed = mixed_layout(rest)
+        if mixed is not None:  # images: their pixels first, then the other entries and the mask
+            low, high = mixed_bounds(rest, mixed)
+            images = tuple(rest[k].shape for k in mixed[0])
+        else:
+            flat = gym.spaces.flatten_space(self.rest_space)
+            low, high, images = flat.low.reshape(-1), flat.high.reshape(-1), ()
+        low, high = (np.concatenate([b, np.full(choices, v)]).astype(np.float32) for b, v in ((low, 0), (high, 1)))
+        self.observation_space = MixedBox(low, high, images, choices) if images else MaskedBox(low, high, choices)
 
     def observation(self, observation: Any) -> np.ndarray:
-        if self.from_dict:  # the layout was worked out once, not per step
-            return flatten_masked(self.rest_space, self.rest_keys, observation)
+        if self.from_dict:
+            return flatten_masked(self.flatten_rest, self.rest_keys, observation)
         mask = np.asarray(self.env.get_wrapper_attr("action_masks")())
         if mask.size != self.observation_space.mask_dim:
             raise ShoalError(f"{self.name}'s action_masks() gave {mask.size} entries, where its action space "
                              f"{self.env.action_space} needs {self.observation_space.mask_dim}")
-        return masked_observation(self.rest_space, observation, mask)
+        return masked_observation(self.flatten_rest(observation), mask)
 
 
 def mask_layout(space: gym.spaces.Dict) -> tuple[gym.Space, list[str]]:
@@ -680,18 +698,45 @@ def mask_layout(space: gym.spaces.Dict) -> tuple[gym.Space, list[str]]:
     return (next(iter(rest.values())) if len(rest) == 1 else gym.spaces.Dict(rest)), list(rest)
 
 
-def flatten_masked(rest_space: gym.Space, rest_keys: list[str], obs: dict[str, Any]) -> np.ndarray:
+IMAGE_KEY = "image"
+"""The key an image observation beside an action mask (or of an env with ``action_masks()``)
+takes in the Dict a :class:`MixedBox` is laid out from."""
+
+
+def as_dict(space: gym.Space) -> gym.Space:
+    """An image space as a Dict of it alone (what :func:`mixed_layout` lays out); any other as it is."""
+    from shoal.policy import is_image
+
+    return gym.spaces.Dict({IMAGE_KEY: space}) if is_image(space) else space
+
+
+def rest_flattener(space: gym.Space) -> Callable[[Any], np.ndarray]:
+    """How an observation of ``space``, the one beside an action mask, becomes the first entries
+    of the flat vector: as a :class:`MixedBox` lays them out where it holds images (an image
+    alone, or a Dict of images and vectors), else flattened (one-hot for a discrete part)."""
+    from shoal.policy import is_image
+
+    layout = mixed_layout(as_dict(space))
+    if layout is None:
+        return lambda obs: np.asarray(gym.spaces.flatten(space, obs), np.float32).reshape(-1)
+    if is_image(space):
+        return lambda obs: flatten_mixed(layout, {IMAGE_KEY: obs})
+    return lambda obs: flatten_mixed(layout, obs)
+
+
+def flatten_masked(flatten_rest: Callable[[Any], np.ndarray], rest_keys: list[str],
+                   obs: dict[str, Any]) -> np.ndarray:
     """One Dict observation with an ``action_mask`` entry as the flat vector of a
-    :class:`MaskedBox` (what :class:`ActionMaskObservation` makes of it), for the layout
-    :func:`mask_layout` gives of its space."""
+    :class:`MaskedBox` or :class:`MixedBox` (what :class:`ActionMaskObservation` makes of it):
+    its other entries (``rest_keys``, :func:`mask_layout`'s) by ``flatten_rest``
+    (:func:`rest_flattener`'s), then the mask."""
     rest = obs[rest_keys[0]] if len(rest_keys) == 1 else {k: obs[k] for k in rest_keys}
-    return masked_observation(rest_space, rest, obs["action_mask"])
+    return masked_observation(flatten_rest(rest), obs["action_mask"])
 
 
-def masked_observation(space: gym.Space, obs: Any, mask: Any) -> np.ndarray:
-    """One observation of ``space`` and its action mask as the flat vector of a :class:`MaskedBox`."""
-    return np.concatenate([np.asarray(gym.spaces.flatten(space, obs), np.float32).reshape(-1),
-                           np.asarray(mask, np.float32).reshape(-1)])
+def masked_observation(flat: np.ndarray, mask: Any) -> np.ndarray:
+    """A flattened observation and its action mask as one flat vector."""
+    return np.concatenate([flat, np.asarray(mask, np.float32).reshape(-1)])
 
 
 def file_name(env_id: str) -> str:
@@ -876,6 +921,8 @@ def describe_space(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Box):
         layout = ({"mask_dim": space.mask_dim} if isinstance(space, MaskedBox) else
                   {"images": [list(shape) for shape in space.images]} if isinstance(space, MixedBox) else {})
+        if isinstance(space, MixedBox) and space.mask_dim:
+            layout["mask_dim"] = space.mask_dim
         # Bounds equal everywhere (images' 0 and 255) are kept as one number: an Atari frame stack
         # would otherwise write 56,448 of them.
         bound = lambda a: a.flat[0].item() if a.size and np.all(a == a.flat[0]) else a.tolist()
@@ -913,7 +960,8 @@ def space_from_description(desc: dict[str, Any]) -> gym.Space:
         dtype, shape = np.dtype(desc["dtype"]), tuple(desc["shape"])
         if desc.get("images"):
             return MixedBox(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
-                            np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["images"])
+                            np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["images"],
+                            desc.get("mask_dim", 0))
         if desc.get("mask_dim"):
             return MaskedBox(np.broadcast_to(np.asarray(desc["low"], dtype), shape),
                              np.broadcast_to(np.asarray(desc["high"], dtype), shape), desc["mask_dim"])

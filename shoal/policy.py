@@ -462,7 +462,10 @@ class PolicyModule(nn.Module):
         :func:`pack_mixed` stores as bytes, and an ONNX export takes in)."""
         if self.obs_norm is None:
             return obs
-        return torch.cat([obs[:, :self.norm_from], self.obs_norm(obs[:, self.norm_from:])], 1)
+        x = self.obs_norm(obs[:, self.norm_from:])
+        if self.mask_dim:  # an action mask stays as it is (0 or 1)
+            x = torch.cat([x[:, :-self.mask_dim], obs[:, -self.mask_dim:]], 1)
+        return torch.cat([obs[:, :self.norm_from], x], 1)
 
     def legal(self, x: Tensor) -> Tensor | None:
         """The legal actions [N, action_dim] (bool) of network inputs ``x``: the mask in their
@@ -470,7 +473,11 @@ class PolicyModule(nn.Module):
         may, and no arithmetic should meet a row that is all -inf). None without a mask."""
         if not self.mask_dim:
             return None
-        legal = x[:, -self.mask_dim:] > 0.5
+        if x.dtype == torch.uint8:  # a Dict of images and vectors, as bytes (pack_mixed): the mask's float32s
+            mask = x[:, -4 * self.mask_dim:].clone(memory_format=torch.contiguous_format).view(torch.float32)
+        else:
+            mask = x[:, -self.mask_dim:]
+        legal = mask > 0.5
         return legal | ~legal.any(-1, keepdim=True)
 
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -1060,10 +1067,11 @@ class Policy:
             return one_hot(raw, obs, own)
         flat = lambda o: gym.spaces.flatten(raw, o)  # noqa: E731
         if k and isinstance(raw, gym.spaces.Dict) and "action_mask" in raw.spaces:
-            from shoal.envs import flatten_masked, mask_layout
+            from shoal.envs import flatten_masked, mask_layout, rest_flattener
 
-            layout = mask_layout(raw)
-            flat = lambda o: flatten_masked(*layout, o)  # noqa: E731
+            rest_space, rest_keys = mask_layout(raw)
+            flatten_rest = rest_flattener(rest_space)
+            flat = lambda o: flatten_masked(flatten_rest, rest_keys, o)  # noqa: E731
         elif self.module.mixed:
             from shoal.envs import flatten_mixed, mixed_layout
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shoal.algos import get
-from shoal.envs import MaskedBox
+from shoal.envs import MaskedBox, MixedBox
 from shoal.errors import ShoalError
 from shoal.policy import Policy
 
@@ -19,6 +19,9 @@ ort = pytest.importorskip("onnxruntime")
 
 VECTOR = gym.spaces.Box(-5, 5, (6,), np.float32)
 MASKED = MaskedBox(np.r_[np.full(4, -5.0), np.zeros(5)].astype(np.float32), np.r_[np.full(4, 5.0), np.ones(5)].astype(np.float32), 5)
+# an 8x8 picture, 2 vector entries and a mask of 5
+PICTURE_MASKED = MixedBox(np.r_[np.zeros(64), np.full(2, -5.0), np.zeros(5)].astype(np.float32),
+                          np.r_[np.full(64, 255.0), np.full(2, 5.0), np.ones(5)].astype(np.float32), ((8, 8, 1),), 5)
 
 
 def policy_of(algo: str, obs_space: gym.Space, action_space: gym.Space, **overrides) -> Policy:
@@ -64,6 +67,8 @@ CASES = {
     "dqn-masked": ("dqn", MASKED, gym.spaces.Discrete(5), {}),
     "qrdqn-dueling-masked": ("qrdqn", MASKED, gym.spaces.Discrete(5), {"dueling": True, "n_quantiles": 5}),
     "dqn-c51-dueling-masked": ("dqn", MASKED, gym.spaces.Discrete(5), {"dueling": True, "num_atoms": 11}),
+    "ppo-picture-masked-normalised": ("ppo", PICTURE_MASKED, gym.spaces.Discrete(5), {"normalize_obs": True}),
+    "dqn-picture-masked": ("dqn", PICTURE_MASKED, gym.spaces.Discrete(5), {"dueling": True}),
     "qrdqn-noisy-images": ("qrdqn", gym.spaces.Box(0, 255, (36, 36, 3), np.uint8), gym.spaces.Discrete(4),
                            {"noisy": True, "n_quantiles": 5}),  # the means
     "sac-squashed": ("sac", VECTOR, gym.spaces.Box(-2, 2, (2,)), {}),

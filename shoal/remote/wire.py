@@ -78,6 +78,8 @@ def decode_space(msg: pb.Space) -> gym.Space:
     """The Gymnasium space a message describes."""
     if msg.kind == "box":
         low, high = decode(msg.low), decode(msg.high)
+        if msg.images:
+            return _mixed(low, high, msg)
         if msg.mask_dim:
             from shoal.envs import MaskedBox
 
@@ -85,8 +87,6 @@ def decode_space(msg: pb.Space) -> gym.Space:
                 raise WireError(f"an action mask of {msg.mask_dim} entries in a {msg.dtype} box of shape {low.shape}: "
                                 "a mask ends a flat float32 box, after one observation entry or more")
             return MaskedBox(low, high, msg.mask_dim)
-        if msg.images:
-            return _mixed(low, high, msg)
         return gym.spaces.Box(low, high, dtype=DTYPES[msg.dtype])
     if msg.kind == "discrete":
         return gym.spaces.Discrete(msg.n, start=msg.start)
@@ -156,7 +156,8 @@ def decode_final_info(entries: Any) -> dict[str, np.ndarray]:
 
 def _mixed(low: np.ndarray, high: np.ndarray, msg: pb.Space) -> gym.Space:
     """A box of images' pixels and a vector (:class:`shoal.envs.MixedBox`), checked: its images
-    must be 2 or 3 dimensions of at least one pixel, within a flat float32 box."""
+    must be 2 or 3 dimensions of at least one pixel, within a flat float32 box; an action mask
+    (``mask_dim``) after them."""
     from shoal.envs import MixedBox
 
     shapes = [tuple(shape.dims) for shape in msg.images]
@@ -164,6 +165,7 @@ def _mixed(low: np.ndarray, high: np.ndarray, msg: pb.Space) -> gym.Space:
             len(s) not in (2, 3) or min(s) < 1 or max(s) > 1 << 16 for s in shapes):
         raise WireError(f"images of shapes {shapes[:4]} in a {msg.dtype} box of shape {low.shape}: images have 2 or "
                         "3 dimensions and lie in a flat float32 box")
-    if sum(int(np.prod(s)) for s in shapes) > len(low):
-        raise WireError(f"images of shapes {shapes} hold more pixels than a box of {len(low)} entries")
-    return MixedBox(low, high, shapes)
+    if sum(int(np.prod(s)) for s in shapes) + max(0, msg.mask_dim) > len(low) or msg.mask_dim < 0:
+        raise WireError(f"images of shapes {shapes} and an action mask of {msg.mask_dim} entries do not fit in a box "
+                        f"of {len(low)} entries")
+    return MixedBox(low, high, shapes, msg.mask_dim)
