@@ -699,8 +699,10 @@ def cmd_check_env(argv: list[str], console: Console) -> int:
         obs, actions = report.spaces
         console.print(f"  observations as shoal's policies take them: {obs}", markup=False, highlight=False)
         if getattr(obs, "images", ()):
+            mask = f", the action mask's {obs.mask_dim} entries last" if obs.mask_dim else ""
             console.print(f"    a flat vector, the images' {obs.pixels} pixels first: each image goes through a "
-                          "convolutional encoder of its own, the rest beside them", markup=False, highlight=False)
+                          f"convolutional encoder of its own, the rest beside them{mask}", markup=False,
+                          highlight=False)
         console.print(f"  actions: {actions}", markup=False, highlight=False)
     takes = [name for name, reason in report.algorithms.items() if reason is None]
     console.print(f"  trains with: {', '.join(takes) or 'no algorithm'}", markup=False, highlight=False)

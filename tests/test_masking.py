@@ -1,7 +1,8 @@
 """Action masks: an env that says which actions are legal (a Dict observation's ``action_mask``, or
 an ``action_masks()`` method) gets only legal actions, from runners, learners' targets,
 evaluation, deployment and env servers alike; the learners replay the masked probabilities the
-runners sampled from; Taxi, which unmasked PPO does not learn in 200k steps, is learned."""
+runners sampled from; the gates are learned, from vectors and from pictures, and Taxi, which
+unmasked PPO does not learn in 200k steps, with the slow tests."""
 
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def test_a_dict_observation_with_an_action_mask_is_flattened_with_the_mask_last(
 @pytest.mark.parametrize("env_id, images, vector", [("PictureGatesTest-v0", ((8, 8, 1),), 0),
                                                   ("PictureVectorGatesTest-v0", ((8, 8, 1),), 1),
                                                   ("PictureMethodGatesTest-v0", ((8, 8, 1),), 0)])
-def test_pictures_with_an_action_mask_are_laid_out_pixels_first_and_the_mask_last(env_id, images, vector):
+def test_pictures_with_an_action_mask_are_laid_out_pixels_first_and_the_mask_last(env_id, images, vector, capsys):
     """An image beside the mask (or a Dict of images and vectors): the pixels as they are, then the
     other entries, then the mask (a MixedBox with a mask), which checkpoints and env servers
     describe as such."""
@@ -179,6 +180,13 @@ def test_pictures_with_an_action_mask_are_laid_out_pixels_first_and_the_mask_las
 
     with pytest.raises(ShoalError, match="gives an action mask: frame_stack stacks observations without one"):
         make_env(env_id, options=EnvOptions(frame_stack=2))
+    from shoal.cli import main
+
+    capsys.readouterr()
+    assert main(["check-env", env_id, "--seconds", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"{vector} vector entries, 5 action mask entries)" in out and "the action mask's 5 entries last" in out
+    assert "trains with: a2c, appo, dqn, impala, ppo, qrdqn, sac\n" in out, out
 
 
 def test_a_picture_policy_reads_the_mask_as_the_env_gave_it_whatever_it_normalises():
@@ -547,7 +555,8 @@ def test_a_taxi_policy_takes_taxis_states_and_the_mask_from_its_info(tmp_path):
         client = PolicyClient(server.address)
         with pytest.raises(Exception, match="end with an action mask of 6 entries: send flat vectors of 506"):
             client.act(np.array([state]))
-        assert client.act(taxi_flat(state, info["action_mask"]))[0] == policy.act(state, action_mask=info["action_mask"])
+        mask = info["action_mask"]
+        assert client.act(taxi_flat(state, mask))[0] == policy.act(state, action_mask=mask)
     finally:
         server.stop(grace=0)
 
