@@ -453,7 +453,11 @@ class PolicyModule(nn.Module):
             return pack_mixed(self.mixed_floats(obs), self.norm_from)
         if self.obs_norm is None:
             return obs
-        x = self.obs_norm(obs)
+        return self._mask_as_given(self.obs_norm(obs), obs)
+
+    def _mask_as_given(self, x: Tensor, obs: Tensor) -> Tensor:
+        """Normalised entries ``x`` with the action mask (their last ``mask_dim``) as it is in ``obs``
+        (0 or 1): the normaliser leaves it alone."""
         return torch.cat([x[:, :-self.mask_dim], obs[:, -self.mask_dim:]], 1) if self.mask_dim else x
 
     def mixed_floats(self, obs: Tensor) -> Tensor:
@@ -462,10 +466,8 @@ class PolicyModule(nn.Module):
         :func:`pack_mixed` stores as bytes, and an ONNX export takes in)."""
         if self.obs_norm is None:
             return obs
-        x = self.obs_norm(obs[:, self.norm_from:])
-        if self.mask_dim:  # an action mask stays as it is (0 or 1)
-            x = torch.cat([x[:, :-self.mask_dim], obs[:, -self.mask_dim:]], 1)
-        return torch.cat([obs[:, :self.norm_from], x], 1)
+        vector = obs[:, self.norm_from:]
+        return torch.cat([obs[:, :self.norm_from], self._mask_as_given(self.obs_norm(vector), vector)], 1)
 
     def legal(self, x: Tensor) -> Tensor | None:
         """The legal actions [N, action_dim] (bool) of network inputs ``x``: the mask in their

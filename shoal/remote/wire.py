@@ -165,7 +165,7 @@ def _mixed(low: np.ndarray, high: np.ndarray, msg: pb.Space) -> gym.Space:
             len(s) not in (2, 3) or min(s) < 1 or max(s) > 1 << 16 for s in shapes):
         raise WireError(f"images of shapes {shapes[:4]} in a {msg.dtype} box of shape {low.shape}: images have 2 or "
                         "3 dimensions and lie in a flat float32 box")
-    if sum(int(np.prod(s)) for s in shapes) + max(0, msg.mask_dim) > len(low) or msg.mask_dim < 0:
+    if msg.mask_dim < 0 or sum(int(np.prod(s)) for s in shapes) + msg.mask_dim > len(low):
         raise WireError(f"images of shapes {shapes} and an action mask of {msg.mask_dim} entries do not fit in a box "
                         f"of {len(low)} entries")
     return MixedBox(low, high, shapes, msg.mask_dim)
