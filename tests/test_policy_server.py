@@ -331,3 +331,30 @@ def test_streams_and_the_guards_of_the_asyncio_server(tmp_path, tiny):
     finally:
         client.close()
         server.stop(grace=0)
+
+
+def test_a_server_whose_grpc_stop_hangs_still_stops_past_its_grace(tmp_path, tiny, monkeypatch, caplog):
+    """grpc.aio's stop can hang on calls it has already ended (grpc/grpc#28999, #37239; a fresh
+    clone's `serve-policy --follow` outlived SIGTERM by 30 s once, 2026-11-29): the server's loop
+    ends STOP_SLACK_S past the grace whatever grpc does, so `shoal serve-policy` exits."""
+    import asyncio
+
+    from shoal.remote import server as grpc_server
+
+    make_checkpoint(tmp_path / "cart", tiny=tiny)
+    server = PolicyServer({"default": tmp_path / "cart"}, port=0).start()
+    aio = server.server
+
+    async def never(grace):
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(aio.server, "stop", never)
+    monkeypatch.setattr(grpc_server, "STOP_SLACK_S", 0.5)
+    start = time.monotonic()
+    server.stop(grace=0.2)
+    assert time.monotonic() - start < 3.0
+    deadline = time.monotonic() + 5
+    while aio.loop.is_running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not aio.loop.is_running()
+    assert "had not stopped" in caplog.text

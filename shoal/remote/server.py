@@ -128,6 +128,10 @@ def _service(service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], 
     return grpc.method_handlers_generic_handler(service, methods)
 
 
+STOP_SLACK_S = 5.0
+"""How long past its grace a stopping server's gRPC shutdown is waited for."""
+
+
 class GrpcServer:
     """A gRPC server with shoal's guards, for one service's handlers."""
 
@@ -186,9 +190,11 @@ class GrpcServer:
         return self
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving; calls in progress get ``grace`` seconds to finish."""
+        """Stop serving; calls in progress get ``grace`` seconds to finish (and gRPC STOP_SLACK_S
+        more to end them)."""
         self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        if not self.server.stop(grace).wait((grace or 0.0) + STOP_SLACK_S):
+            log.warning("the gRPC server had not stopped %.0f s after its grace", STOP_SLACK_S)
 
     def wait(self) -> None:
         """Block until the server stops."""
@@ -268,12 +274,20 @@ class AioGrpcServer:
         return self
 
     def stop(self, grace: float | None = 1.0) -> None:
-        """Stop serving; calls in progress get ``grace`` seconds to finish. Then the loop ends."""
+        """Stop serving; calls in progress get ``grace`` seconds to finish. Then the loop ends,
+        whether or not grpc.aio's stop has returned by STOP_SLACK_S seconds past the grace: it can
+        hang on calls it has already ended (grpc/grpc#28999, #37239), and a server asked to stop
+        (Ctrl-C, SIGTERM) must not outlive the request."""
         async def stop() -> None:
             await self.health.enter_graceful_shutdown()
             await self.server.stop(grace)
         if self.loop.is_running():
-            self._run(stop())
+            done = asyncio.run_coroutine_threadsafe(stop(), self.loop)
+            try:
+                done.result(timeout=(grace or 0.0) + STOP_SLACK_S)
+            except futures.TimeoutError:
+                log.warning("the gRPC server had not stopped %.0f s after its grace; stopping its loop anyway",
+                            STOP_SLACK_S)
             self.loop.call_soon_threadsafe(self.loop.stop)
 
     def wait(self) -> None:
