@@ -264,11 +264,22 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
 
 
 def _storage(where: Path) -> Any:
-    """The study's SQLite storage; processes that share it wait up to a minute for its lock."""
-    import optuna
+    """The study's SQLite storage; processes that share it wait up to a minute for its lock.
 
-    return optuna.storages.RDBStorage(f"sqlite:///{where / 'study.db'}",
-                                      engine_kwargs={"connect_args": {"timeout": 60}})
+    Opening a new study.db makes its tables, which is not atomic across processes: a process that
+    opens it meanwhile (optuna-dashboard, another `shoal tune` of the study, a script loading it)
+    can make a table first, and this one's CREATE TABLE fails. The tables are there then: it opens
+    it again."""
+    import optuna
+    import sqlalchemy
+
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(f"sqlite:///{where / 'study.db'}",
+                                              engine_kwargs={"connect_args": {"timeout": 60}})
+        except sqlalchemy.exc.OperationalError as e:
+            if "already exists" not in str(e) or attempt == 2:
+                raise
 
 
 SAMPLERS = ("tpe", "random")

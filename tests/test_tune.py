@@ -275,3 +275,36 @@ def test_sigterm_to_the_command_alone_ends_the_other_processes_trials_saved(tmp_
     size = (slow / "progress.csv").stat().st_size
     time.sleep(2)  # and no process trains on
     assert (slow / "progress.csv").stat().st_size == size
+
+
+def test_a_study_whose_tables_another_process_makes_meanwhile_opens(tmp_path, monkeypatch):
+    """A new study.db's tables are made by whichever process opens it first; one that loses the
+    race (its CREATE TABLE finds the table made: a fresh clone's test polling the study did that
+    to `shoal tune`, 2026-11-29) opens it again instead of failing."""
+    import optuna
+    import sqlalchemy
+
+    from shoal import tuning
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # the other process makes the tables while this one does
+            real(*args, **kwargs)
+            raise sqlalchemy.exc.OperationalError("CREATE TABLE trials", {}, Exception("table trials already exists"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    storage = tuning._storage(tmp_path)
+    assert len(calls) == 2 and storage.get_all_studies() == []
+    calls.clear()
+
+    def locked(*args, **kwargs):
+        calls.append(1)
+        raise sqlalchemy.exc.OperationalError("SELECT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", locked)
+    with pytest.raises(sqlalchemy.exc.OperationalError, match="database is locked"):
+        tuning._storage(tmp_path)  # any other error is the user's to see, at once
+    assert len(calls) == 1
