@@ -231,8 +231,8 @@ class AioGrpcServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise
 
-    def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+    def _run(self, coroutine: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     @staticmethod
     async def _call(fn: Callable[[Any, Any], Any], request_cls: Any, raw: bytes, context: Any) -> Any:
@@ -282,9 +282,8 @@ class AioGrpcServer:
             await self.health.enter_graceful_shutdown()
             await self.server.stop(grace)
         if self.loop.is_running():
-            done = asyncio.run_coroutine_threadsafe(stop(), self.loop)
             try:
-                done.result(timeout=(grace or 0.0) + STOP_SLACK_S)
+                self._run(stop(), timeout=(grace or 0.0) + STOP_SLACK_S)
             except futures.TimeoutError:
                 log.warning("the gRPC server had not stopped %.0f s after its grace; stopping its loop anyway",
                             STOP_SLACK_S)
