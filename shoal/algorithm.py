@@ -12,6 +12,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -563,8 +564,12 @@ def load(path: str | Path, **overrides: Any) -> Algorithm:
     return algo
 
 
-def load_policy(path: str | Path) -> Policy:
-    """The policy of a checkpoint for deployment; reads no pickled code and starts no roles."""
+def load_policy(path: str | Path, env_observation_space: gym.Space | None = None) -> Policy:
+    """The policy of a checkpoint for deployment; reads no pickled code and starts no roles.
+
+    ``env_observation_space``: the env's own observation space (a Dict, a Tuple, a Discrete),
+    so that :meth:`Policy.act` takes the env's own observations where the checkpoint recorded
+    none (a run on remote envs, which send flat vectors); it must flatten to the policy's."""
     path = ckpt.resolve(path)
     payload = ckpt.read_policy(path)
     config = config_from_dict(payload["algo"], payload["config"])
@@ -572,4 +577,7 @@ def load_policy(path: str | Path) -> Policy:
                                               space_from_description(payload["action_space"]))
     module.load_state_dict(payload["weights"])
     own = payload.get("env_obs_space")
-    return Policy(module, payload["version"], config, space_from_description(own) if own is not None else None)
+    policy = Policy(module, payload["version"], config, space_from_description(own) if own is not None else None)
+    if env_observation_space is not None:
+        policy.use_env_observation_space(env_observation_space)
+    return policy

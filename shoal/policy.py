@@ -853,6 +853,11 @@ def _dtype_kind(obs: Any) -> str:
 
 
 ONE_HOT_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def _structured(obs: Any) -> bool:
+    """Whether ``obs`` is a Dict or Tuple observation, or a list of them, rather than numbers."""
+    return isinstance(obs, (dict, tuple)) or (isinstance(obs, list) and bool(obs) and isinstance(obs[0], (dict, tuple)))
 """Observation spaces shoal one-hots whose integers a deployed policy takes in one array."""
 
 
@@ -959,6 +964,8 @@ class Policy:
         """Network inputs [N, ...] of one observation or a batch (see :meth:`act`), and whether it was one."""
         obs = self.flat_observations(obs)
         shape = self.observation_space.shape
+        if _structured(obs):
+            raise ShoalError(self._not_flattened(obs))
         obs = np.asarray(obs, dtype=self.module.raw_dtype)
         if self.module.mask_dim:
             obs = self._with_mask(obs, action_mask)
@@ -974,6 +981,38 @@ class Policy:
         if obs.dtype.kind == "f" and not np.isfinite(obs).all():
             raise ShoalError(_non_finite(obs, single))
         return self.module.normalize(devices.upload(obs[None] if single else obs, self.device)), single
+
+    def use_env_observation_space(self, space: gym.Space) -> None:
+        """Take the env's own observations of ``space`` in :meth:`act` from now on, where the
+        checkpoint recorded none (see :func:`shoal.load_policy`). A space whose observations do not
+        flatten to this policy's input is refused."""
+        shape, k = self.observation_space.shape, self.module.mask_dim
+        before, self.saved_env_observation_space = self.saved_env_observation_space, space
+        try:
+            flat = self.flat_observations(space.sample())
+            fits = not _structured(flat) and np.shape(flat) in (shape, (shape[0] - k,) if k else shape)
+        except Exception:  # a space shoal cannot flatten at all  # noqa: BLE001
+            fits = False
+        if not fits:
+            self.saved_env_observation_space = before
+            raise ShoalError(f"the env's observations of {space} do not make this policy's input "
+                             f"({self.observation_space}): is it the env the run trained on?")
+
+    def _not_flattened(self, obs: Any) -> str:
+        """Why a Dict or Tuple observation could not become the network's flat vector."""
+        what = f"a {type(obs[0] if isinstance(obs, list) else obs).__name__} observation"
+        width = f"flat vectors of {self.observation_space.shape[0]} numbers" if self.observation_space.shape else "arrays"
+        raw = self.env_observation_space
+        if raw is not None:
+            return (f"{what} that is not one of the env's own ({raw}): this policy takes those, "
+                    f"or {width} ({self.observation_space})")
+        from shoal.envs import is_remote
+
+        env = getattr(self.config, "env", None)
+        why = ("its run trained on remote envs, which send the flat vectors" if env is not None and is_remote(env)
+               else "its checkpoint recorded no observation space of the env's own")
+        return (f"{what}: this policy takes {width} ({self.observation_space}), as {why}; give "
+                "shoal.load_policy(..., env_observation_space=env.observation_space) to act on the env's own")
 
     def _with_mask(self, obs: np.ndarray, action_mask: np.ndarray | None) -> np.ndarray:
         """Observations [N, width] or [width] with their mask in the last entries (see :meth:`act`)."""
@@ -1038,7 +1077,8 @@ class Policy:
         """The space of the env's own observations when shoal flattens them for the network
         (FrozenLake's Discrete, Blackjack's Tuple): :meth:`act` takes those too. None for any
         other env, or where the env is not installed (the policy then takes flat vectors only).
-        The checkpoint's record, when it has one; else the env is made here once to find out."""
+        The checkpoint's record, or the space given to :meth:`use_env_observation_space`, when
+        there is one; else the env is made here once to find out (not a remote env)."""
         from shoal.envs import EnvOptions, all_spaces, is_remote
 
         if self.saved_env_observation_space is not None:

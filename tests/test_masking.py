@@ -401,6 +401,9 @@ def test_a_deployed_policy_takes_the_mask_in_every_form(tmp_path):
         assert masks[rows, client.act(flat)[0]].all() and masks[rows, client.act(flat, deterministic=False)[0]].all()
     finally:
         server.stop(grace=0)
+    # a Dict that is not the env's own is refused in one line
+    with pytest.raises(ShoalError, match="a dict observation that is not one of the env's own"):
+        policy.act({"observation": obs[0]["observation"]})
     # without a mask every action is allowed; a mask of the wrong size is refused
     assert not masks[rows, policy.act(alone, False, torch.Generator().manual_seed(0))].all()
     with pytest.raises(ShoalError, match="takes 5 entries per observation"):
@@ -493,6 +496,17 @@ def test_an_env_server_serves_the_mask_with_the_observations(tmp_path):
         assert summary["env_steps"] >= 1024 and Gates.closed_chosen == 0
     finally:
         server.stop(grace=0)
+    # the run saw flat vectors only: the env's own Dicts are refused until their space is given
+    env = Gates()
+    obs = [env.reset(seed=s)[0] for s in range(50)]
+    masks = np.stack([o["action_mask"] for o in obs]).astype(bool)
+    policy = shoal.load_policy(summary["checkpoint"])
+    with pytest.raises(ShoalError, match="trained on remote envs.*env_observation_space=env.observation_space"):
+        policy.act(obs[0])
+    policy = shoal.load_policy(summary["checkpoint"], env_observation_space=env.observation_space)
+    assert masks[np.arange(50), policy.act(obs)].all() and masks[0, policy.act(obs[0])]
+    with pytest.raises(ShoalError, match="do not make this policy's input"):
+        shoal.load_policy(summary["checkpoint"], env_observation_space=Gates(n=4).observation_space)
 
 
 def taxi_flat(state: int, mask: np.ndarray) -> np.ndarray:
