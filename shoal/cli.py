@@ -357,7 +357,8 @@ def _report_seeds(config: Any, run: Any, args: tuple, total: int, n_jobs: int, c
     seeds, runs = result["seeds"], result["runs"]
     mean, std, *each = format_returns(result["eval_return_mean"], result["eval_return_std"],
                                       *(r["eval_return_mean"] for r in runs))
-    console.print(f"{len(seeds)} seeds: final eval return {mean} ± {std} over seeds ("
+    console.print((f"{len(seeds)} seeds: final eval return {mean} ± {std} over seeds (" if len(seeds) > 1
+                   else f"1 seed: final eval return {mean} (")
                   + ", ".join(f"seed {seed}: {r}" for seed, r in zip(seeds, each))
                   + (f"; {result['solved']} of {len(seeds)} solved" if config.stop_return is not None else "")
                   + ")", highlight=False)
