@@ -52,6 +52,44 @@ def test_the_update_is_the_papers_step_along_the_best_directions():
     assert not torch.equal(m.directions(4), torch.tensor(directions, dtype=torch.float32))  # new ones drawn
 
 
+def test_linear_schedules_shrink_the_step_and_the_noise_runners_explore_with():
+    c = config(n_delta=2, lr=0.1, delta_std=0.05, total_steps=1000, lr_schedule="linear",
+               delta_std_schedule="linear", normalize_obs=False, num_envs_per_runner=1)
+    store = WeightStore()
+    learner = learner_for(c, store)
+    m = learner.policy
+    assert float(m.noise_std) == 0.05  # the first iteration explores with delta_std
+    learner.env_steps = 250  # a quarter of the run learned from before this update
+    d = m.directions(2).numpy().astype(np.float64)
+    metrics = learner.learn([episodes([0, 1, 2, 3], [4.0, 1.0, 2.0, 2.0], [100] * 4)])
+    std = np.std([4.0, 1.0, 2.0, 2.0], ddof=1)
+    expected = 0.075 / (2 * std + 1e-6) * (np.array([2.0, -1.0]) @ d)  # lr at 3/4 of itself
+    np.testing.assert_allclose(m.flat().numpy(), expected, rtol=1e-5, atol=1e-7)
+    assert metrics["learner/lr"] == pytest.approx(0.075) and metrics["ars/delta_std"] == 0.05
+    assert float(m.noise_std) == pytest.approx(0.05 * 0.35)  # after 250 + 400 steps, for the next iteration
+    # a runner explores with the noise the learner published: its candidates are w +- noise_std * d
+    learner.publish()
+    runner = ARSRunner(c, 0, store)
+    played = []
+    runner.policy.population_act = lambda x, w: played.append(w.clone()) or torch.zeros(len(x), dtype=torch.int64)
+    runner.sample(5)
+    offset = played[0][0] - m.flat()  # its one env plays candidate 0 first: +d0
+    np.testing.assert_allclose(offset.numpy(), 0.05 * 0.35 * m.directions(2)[0].numpy(), rtol=1e-5, atol=1e-8)
+    # constant by default
+    learner = learner_for(config(n_delta=2, total_steps=1000))
+    learner.env_steps = 900
+    metrics = learner.learn([episodes([0, 1, 2, 3], [4.0, 1.0, 2.0, 2.0], [100] * 4)])
+    assert metrics["learner/lr"] == 0.02 and float(learner.policy.noise_std) == 0.05
+
+
+def test_a_checkpoint_from_before_the_noise_was_published_explores_with_delta_std():
+    m = make_policy(config(delta_std=0.07), gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2))
+    old = {k: v for k, v in m.state_dict().items() if k != "noise_std"}
+    fresh = make_policy(config(delta_std=0.07), gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2))
+    fresh.load_state_dict(old)
+    assert float(fresh.noise_std) == 0.07
+
+
 def test_directions_of_a_failed_runner_are_left_out():
     learner = learner_for(config(n_delta=3))
     m = learner.policy

@@ -48,8 +48,15 @@ class ARSConfig(Config):
     """The best directions the update uses (None: all n_delta)."""
     lr: float = 0.02
     """Step size (sb3-contrib's learning_rate)."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` decays the step size to 0 at total_steps (sb3-contrib's learning_rate as a
+    schedule; rl-zoo's lin_), as every other algorithm's lr_schedule."""
     delta_std: float = 0.05
     """Standard deviation of the exploration noise added to the weights."""
+    delta_std_schedule: Literal["constant", "linear"] = "constant"
+    """`linear` decays the exploration noise to 0 at total_steps (sb3-contrib's delta_std as a
+    schedule): the search narrows as the run ends. The learner sets each iteration's noise and
+    publishes it with the weights, so every runner explores with the same."""
     zero_policy: bool = True
     """Start from all-zero weights (the paper's linear policies do)."""
     alive_bonus_offset: float = 0.0
@@ -95,7 +102,7 @@ class ARSPolicy(PolicyModule):
     vector per row (:meth:`population_act`), which is how a runner plays many candidates at once."""
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
-                 activation: str, normalize_obs: bool):
+                 activation: str, normalize_obs: bool, delta_std: float = 0.05):
         super().__init__(obs_space, action_space, normalize_obs=normalize_obs)
         sizes = [self.feature_dim, *hidden_sizes, self.action_dim]
         bias = bool(hidden_sizes)  # sb3-contrib's LinearPolicy has none, its MlpPolicy has
@@ -106,8 +113,11 @@ class ARSPolicy(PolicyModule):
             raise ShoalError(f"action space {action_space} has infinite bounds: the mlp policy scales its actions "
                              "to the bounds; train the linear policy (--policy linear), whose actions are clipped")
         self.num_params = sum(p.numel() for p in self.layers.parameters())
-        # the seed of this iteration's directions: the learner sets it, runners draw them from it
+        # the seed of this iteration's directions and their scale (delta_std, as scheduled): the
+        # learner sets both, runners draw the directions from them
         self.register_buffer("noise_seed", torch.tensor(0, dtype=torch.int64))
+        self.register_buffer("noise_std", torch.tensor(delta_std, dtype=torch.float64))
+        self.register_load_state_dict_pre_hook(_noise_std_as_configured)
 
     def flat(self) -> Tensor:
         """The searched weights as one vector [num_params]."""
@@ -164,9 +174,15 @@ class ARSPolicy(PolicyModule):
         return super().env_actions(actions)
 
 
+def _noise_std_as_configured(module: ARSPolicy, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """A checkpoint written before delta_std could be scheduled holds no ``noise_std``: its
+    runs explored with the configured delta_std, which the module already holds."""
+    state_dict.setdefault(prefix + "noise_std", module.noise_std.clone())
+
+
 def make_policy(config: ARSConfig, obs_space, action_space) -> ARSPolicy:
     hidden = tuple(config.hidden_sizes) if config.policy == "mlp" else ()
-    return ARSPolicy(obs_space, action_space, hidden, config.activation, config.normalize_obs)
+    return ARSPolicy(obs_space, action_space, hidden, config.activation, config.normalize_obs, config.delta_std)
 
 
 @dataclass
@@ -213,7 +229,7 @@ class ARSRunner(EnvRunner):
         mine = [k for k in range(2 * n) if k % c.num_env_runners == self.runner_id]
         queue = [k for _ in range(c.n_eval_episodes) for k in mine]
         base = m.flat()
-        d = m.directions(n) * c.delta_std
+        d = m.directions(n) * float(m.noise_std)
         candidates = torch.cat([base + d, base - d])  # [2n, P]
         self.obs, _ = env.reset()
         playing = np.full(B, -1)  # each env's candidate; -1: idle
@@ -279,8 +295,13 @@ class ARSLearner(Learner):
             self.policy.load_flat(torch.zeros(self.policy.num_params))
         self.draw_directions()
 
-    def draw_directions(self) -> None:
+    def draw_directions(self, env_steps: int = 0) -> None:
+        """The next iteration's directions: a new seed, and delta_std as scheduled after
+        ``env_steps`` env steps."""
+        c = self.config
         self.policy.noise_seed.fill_(int(self.rng.integers(2**62)))
+        self.policy.noise_std.fill_(c.delta_std * (self.remaining(env_steps) if c.delta_std_schedule == "linear"
+                                                   else 1.0))
 
     def learn(self, rollouts: list[CandidateEpisodes]) -> dict[str, float]:
         c, m, n = self.config, self.policy, self.config.n_delta
@@ -293,16 +314,18 @@ class ARSLearner(Learner):
         plus, minus = score[:n], score[n:]
         best = np.maximum(plus, minus)
         top = [k for k in np.argsort(-best, kind="stable") if scored[k]][:c.top]
-        metrics = {"ars/directions_scored": float(scored.sum()), "learner/lr": c.lr}
+        lr = c.lr * (self.remaining() if c.lr_schedule == "linear" else 1.0)
+        metrics = {"ars/directions_scored": float(scored.sum()), "learner/lr": lr,
+                   "ars/delta_std": float(m.noise_std)}
         if top:
             std = float(np.concatenate([plus[top], minus[top]]).std(ddof=1))
-            step = c.lr / (len(top) * std + 1e-6)
+            step = lr / (len(top) * std + 1e-6)
             d = m.directions(n)[top]
             diff = torch.as_tensor(plus[top] - minus[top], dtype=d.dtype, device=d.device)
             m.load_flat(m.flat() + step * (diff @ d))
             metrics.update({"ars/return_std": std, "ars/step_size": step, "ars/top_return": float(best[top[0]])})
         self.merge_obs_stats(rollouts)
-        self.draw_directions()
+        self.draw_directions(self.env_steps + sum(r.env_steps for r in rollouts))
         return metrics
 
     def extra_state(self) -> dict[str, Any]:
