@@ -8,9 +8,13 @@ futures passed as arguments travel runner -> learner without passing through the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
@@ -187,6 +191,20 @@ class _RAY:
     script_env: Any = None  # the EnvSpec of the script's env that shoal's last ray.init hands its workers
 
 
+@contextlib.contextmanager
+def _python_sigterm_kept() -> Iterator[None]:
+    """Within (``ray.init``), Ray installs a SIGTERM handler of its own below Python's: it prints
+    a stack dump and kills the process, cleanup and all. Where Python code handles SIGTERM (a
+    run starting, which stops as at Ctrl-C and leaves no run directory behind), put Python's
+    handler back afterwards; a process with none keeps Ray's."""
+    handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if callable(handler):
+            signal.signal(signal.SIGTERM, handler)
+
+
 class RayBackend:
     """Every role a Ray actor. Starts a local cluster, or joins one with ``--address`` (or the
     ``RAY_ADDRESS`` a Ray Job's entrypoint is given)."""
@@ -226,8 +244,9 @@ class RayBackend:
                 # join whatever cluster /tmp/ray/ray_current_cluster names, even a stale one.
                 # Ray's hook runs in each worker before any role: it registers the script's env there.
                 hook = {} if spec is None else {"runtime_env": {"worker_process_setup_hook": _registering(spec)}}
-                ray.init(address=address or "local", include_dashboard=False,
-                         logging_level=logging.WARNING, log_to_driver=True, **hook)
+                with _python_sigterm_kept():
+                    ray.init(address=address or "local", include_dashboard=False,
+                             logging_level=logging.WARNING, log_to_driver=True, **hook)
                 _RAY.script_env = spec
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
                 where = address or "a new local cluster"

@@ -407,11 +407,16 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
                          "or choose another --run-dir")
     run = RunDir(path, config.tensorboard)
     try:
-        _track(run, name, config, console, label)
-        _say_ray_starts(config, console, name)
-        algo = make(config)
-    except BaseException:
+        # SIGTERM while the roles start (Ray's processes too, where it reached the whole process
+        # group, as `timeout`'s and Slurm's do) stops the run as Ctrl-C does
+        with sigterm_as_ctrl_c():
+            _track(run, name, config, console, label)
+            _say_ray_starts(config, console, name)
+            algo = make(config)
+    except BaseException as e:
         run.discard()  # a run that never started leaves nothing behind
+        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # Ray's own handler, while ray.init runs
+            raise KeyboardInterrupt from None
         raise
     try:
         run.write_config(name, config)

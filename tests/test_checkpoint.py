@@ -283,6 +283,32 @@ def test_serve_policy_follow_waits_for_a_local_runs_first_checkpoint(tiny, tmp_p
         server.wait(timeout=30)
 
 
+@pytest.mark.parametrize("how", ["sigterm", "ray's handler"])
+def test_a_stop_signal_while_the_roles_start_stops_the_command_and_leaves_no_run_directory(tiny, tmp_path,
+                                                                                           monkeypatch, capsys, how):
+    """SIGTERM while the roles start (Ray starting, its actors being made) stops as Ctrl-C does:
+    nothing was trained, so nothing is left to resume. While ray.init runs, Ray's own handler
+    turns SIGTERM into sys.exit(15): the same."""
+    import shoal.trainer
+    from shoal.cli import main
+
+    def starting(config):
+        if how == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # the signal's KeyboardInterrupt ends this at once
+        raise SystemExit(signal.SIGTERM)
+
+    monkeypatch.setattr(shoal.trainer, "make", starting)
+    run, before = tmp_path / "run", signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        shoal.train(tiny(), run_dir=run)
+    assert time.monotonic() - started < 10 and not run.exists()
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run), "--no-progress"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "shoal: interrupted" and not run.exists()
+
+
 @pytest.mark.parametrize("signals", [1, 2])
 def test_a_stop_signal_ends_the_run_after_its_iteration_and_a_second_one_at_once(tiny, tmp_path, signals):
     """Ctrl-C and SIGTERM ask the loop to stop: the iteration under way ends whole, then the run is

@@ -325,3 +325,30 @@ def test_a_scripts_env_reaches_the_ray_workers_and_ray_outlives_the_first_of_two
                                                    "was started without it .* give the env as "
                                                    "'MODULE:ShoalTestHere-v0'"):
             shoal.make(PPOConfig(env="ShoalTestHere-v0", backend="ray", progress=False))
+
+
+SIGTERM_AFTER_RAY_STARTS = """
+import os, signal, sys, time
+from shoal.algos.ppo import PPOConfig
+from shoal.backends import RayBackend
+
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+backend = RayBackend(PPOConfig(env="CartPole-v1", backend="ray", progress=False))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("handled", got, flush=True)
+backend.shutdown()
+"""
+
+
+def test_starting_ray_keeps_the_processs_own_sigterm_handler(tmp_path):
+    """ray.init puts a SIGTERM handler of Ray's below Python's (a stack dump, then the process
+    dies, uncleaned): where the process had a Python handler (a run starting its roles), it is
+    put back, so SIGTERM still stops the run as Ctrl-C does. A fresh process: shoal starts Ray there."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_RAY_STARTS], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0 and "handled [15]" in done.stdout, (done.returncode, done.stderr[-2000:])
+
