@@ -200,6 +200,7 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
     """`shoal serve-policy RUN_DIR --follow`, in its own process, joins the trainer's Ray cluster
     and serves each version the learner publishes, before any checkpoint exists; when the run
     ends it follows the checkpoints."""
+    import os
     import select
     import subprocess
     import sys
@@ -215,8 +216,10 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
         if algo.iteration == 1:
             assert (run / "live.json").is_file() and not list(run.glob("checkpoints/ckpt_*"))
             shoal_cli = str(Path(sys.executable).parent / "shoal")
+            # as from another shell: without the RAY_AUTH_MODE that Ray set in this process
+            env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
             seen["proc"] = subprocess.Popen([shoal_cli, "serve-policy", str(run), "--follow", "--port", "0"],
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             ready, _, _ = select.select([seen["proc"].stdout], [], [], 120)  # a hung start fails, not hangs
             line = seen["proc"].stdout.readline() if ready else "no line within 120 s"
             assert " on " in line, line
@@ -239,6 +242,8 @@ def test_serve_policy_follows_a_running_trainers_weight_store(ray_cluster, tiny,
         assert seen["client"].act(obs)[1] == 4  # the final checkpoint's version
         assert seen["proc"].poll() is None
         assert Path(summary["checkpoint"]).name.startswith("ckpt_")
+        seen["proc"].terminate()  # SIGTERM stops it gracefully, Ray joined or not
+        assert seen["proc"].wait(timeout=30) == 0 and seen["proc"].stdout.read().splitlines()[-1] == "stopped"
     finally:
         if "client" in seen:
             seen["client"].close()

@@ -137,11 +137,11 @@ class PolicyServer:
         if self.unreachable.get(pid) == stamp:
             return False  # tried that file already: a trainer that was killed left it behind
         try:
-            import ray
-
-            if pid not in self.stores:
+            if pid not in self.stores:  # first: it sets how Ray authenticates, which Ray reads as it is imported
                 self.stores[pid] = _store_actor(json.loads(live.read_text()))
                 log.info("policy %s: following the weight store of the run in %s", pid, source)
+            import ray
+
             current = self.policies[pid]
             got = ray.get(self.stores[pid].latest.remote(TRAINER_POLICY_ID, current.version), timeout=10)
             if got is None:
