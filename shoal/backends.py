@@ -194,9 +194,10 @@ class _RAY:
 @contextlib.contextmanager
 def _python_sigterm_kept() -> Iterator[None]:
     """Within (``ray.init``), Ray installs a SIGTERM handler of its own below Python's: it prints
-    a stack dump and kills the process, cleanup and all. Where Python code handles SIGTERM (a
-    run starting, which stops as at Ctrl-C and leaves no run directory behind), put Python's
-    handler back afterwards; a process with none keeps Ray's."""
+    a stack dump, then calls the handler it displaced, which at a run's start is the default (the
+    process dies, uncleaned). Where Python code handles SIGTERM (a run starting, which stops as
+    at Ctrl-C and leaves no run directory behind), put Python's handler back afterwards; a
+    process with none keeps Ray's."""
     handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         yield

@@ -853,12 +853,12 @@ def _dtype_kind(obs: Any) -> str:
 
 
 ONE_HOT_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+"""Observation spaces shoal one-hots whose integers a deployed policy takes in one array."""
 
 
 def _structured(obs: Any) -> bool:
     """Whether ``obs`` is a Dict or Tuple observation, or a list of them, rather than numbers."""
     return isinstance(obs, (dict, tuple)) or (isinstance(obs, list) and bool(obs) and isinstance(obs[0], (dict, tuple)))
-"""Observation spaces shoal one-hots whose integers a deployed policy takes in one array."""
 
 
 def one_hot(space: gym.Space, obs: Any, flat_shape: tuple[int, ...]) -> Any:
@@ -1001,7 +1001,8 @@ class Policy:
     def _not_flattened(self, obs: Any) -> str:
         """Why a Dict or Tuple observation could not become the network's flat vector."""
         what = f"a {type(obs[0] if isinstance(obs, list) else obs).__name__} observation"
-        width = f"flat vectors of {self.observation_space.shape[0]} numbers" if self.observation_space.shape else "arrays"
+        shape = self.observation_space.shape
+        width = f"flat vectors of {shape[0]} numbers" if shape else "arrays"
         raw = self.env_observation_space
         if raw is not None:
             return (f"{what} that is not one of the env's own ({raw}): this policy takes those, "
