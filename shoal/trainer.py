@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,6 +55,20 @@ def sigterm_as_ctrl_c(first: Callable[[], None] | None = None):
         yield
     finally:  # a handler set outside Python (Ray's) cannot be put back: the default then
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextlib.contextmanager
+def _starting() -> Iterator[None]:
+    """Within, a run starts its roles: SIGTERM stops the command as Ctrl-C does, Ray's processes
+    too where it reached the whole process group (as `timeout`'s and Slurm's do). So does the
+    ``sys.exit(15)`` that Ray's own SIGTERM handler raises while ``ray.init`` runs."""
+    try:
+        with sigterm_as_ctrl_c():
+            yield
+    except SystemExit as e:
+        if e.code == signal.SIGTERM:
+            raise KeyboardInterrupt from None
+        raise
 
 
 class _StopRequest:
@@ -407,16 +422,12 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
                          "or choose another --run-dir")
     run = RunDir(path, config.tensorboard)
     try:
-        # SIGTERM while the roles start (Ray's processes too, where it reached the whole process
-        # group, as `timeout`'s and Slurm's do) stops the run as Ctrl-C does
-        with sigterm_as_ctrl_c():
+        with _starting():
             _track(run, name, config, console, label)
             _say_ray_starts(config, console, name)
             algo = make(config)
-    except BaseException as e:
+    except BaseException:
         run.discard()  # a run that never started leaves nothing behind
-        if isinstance(e, SystemExit) and e.code == signal.SIGTERM:  # Ray's own handler, while ray.init runs
-            raise KeyboardInterrupt from None
         raise
     try:
         run.write_config(name, config)
@@ -512,10 +523,15 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
                          f"there is nothing to resume; train afresh with another --run-dir (or delete {run_dir})") from None
     run = RunDir(run_dir, config.tensorboard)
     try:
-        _say_ray_starts(config, console, algo)
-        instance = Algorithm(config)
+        with _starting():
+            _say_ray_starts(config, console, algo)
+            instance = Algorithm(config)
+            try:
+                instance.restore(checkpoint)
+            except BaseException:
+                instance.stop()
+                raise
         try:
-            instance.restore(checkpoint)
             if instance.env_steps >= config.total_steps:
                 raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
                                  f"pass a larger --total-steps to train on")

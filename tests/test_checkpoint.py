@@ -287,8 +287,8 @@ def test_serve_policy_follow_waits_for_a_local_runs_first_checkpoint(tiny, tmp_p
 def test_a_stop_signal_while_the_roles_start_stops_the_command_and_leaves_no_run_directory(tiny, tmp_path,
                                                                                            monkeypatch, capsys, how):
     """SIGTERM while the roles start (Ray starting, its actors being made) stops as Ctrl-C does:
-    nothing was trained, so nothing is left to resume. While ray.init runs, Ray's own handler
-    turns SIGTERM into sys.exit(15): the same."""
+    nothing was trained, so nothing is left to resume; a run being resumed is left as it was.
+    While ray.init runs, Ray's own handler turns SIGTERM into sys.exit(15): the same."""
     import shoal.trainer
     from shoal.cli import main
 
@@ -307,6 +307,16 @@ def test_a_stop_signal_while_the_roles_start_stops_the_command_and_leaves_no_run
     assert signal.getsignal(signal.SIGTERM) == before
     assert main(["train", "ppo", "--env", "CartPole-v1", "--run-dir", str(run), "--no-progress"]) == 130
     assert capsys.readouterr().err.splitlines()[-1] == "shoal: interrupted" and not run.exists()
+    # resuming: the run's directory stays as it was, free for the next --resume
+    monkeypatch.undo()
+    shoal.train(tiny(total_steps=256), run_dir=run)
+    before_files = sorted(p.relative_to(run) for p in run.rglob("*"))
+    monkeypatch.setattr(shoal.trainer, "Algorithm", starting)
+    assert main(["train", "--resume", str(run), "--total-steps", "1024"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "shoal: interrupted"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before_files
+    monkeypatch.undo()
+    assert shoal.resume(run, tiny(total_steps=512))["env_steps"] >= 512
 
 
 @pytest.mark.parametrize("signals", [1, 2])
