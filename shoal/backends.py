@@ -193,14 +193,19 @@ class _RAY:
 
 @contextlib.contextmanager
 def _python_sigterm_kept() -> Iterator[None]:
-    """Within (``ray.init``), Ray installs a SIGTERM handler of its own below Python's: it prints
-    a stack dump, then calls the handler it displaced, which at a run's start is the default (the
-    process dies, uncleaned). Where Python code handles SIGTERM (a run starting, which stops as
-    at Ctrl-C and leaves no run directory behind), put Python's handler back afterwards; a
-    process with none keeps Ray's."""
+    """Within (``ray.init``), Ray replaces the process's SIGTERM handling twice: in Python, with
+    ``sys.exit(15)`` while it starts, and below Python, with a handler that prints a stack dump
+    and then calls the one it displaced (at a run's start the default: the process dies,
+    uncleaned). Where Python code handles SIGTERM (a run starting, which stops as at Ctrl-C and
+    leaves no run directory behind), a SIGTERM that Ray's exit caught goes to that handler, and
+    the handler is put back afterwards; a process with none keeps Ray's."""
     handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     try:
         yield
+    except SystemExit as e:
+        if callable(handler) and e.code == signal.SIGTERM:
+            handler(signal.SIGTERM, None)  # Ctrl-C's KeyboardInterrupt at a run's start
+        raise  # a handler that only notes the signal: ray.init was cut short all the same
     finally:
         if callable(handler):
             signal.signal(signal.SIGTERM, handler)

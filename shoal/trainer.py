@@ -11,7 +11,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,20 +54,6 @@ def sigterm_as_ctrl_c(first: Callable[[], None] | None = None):
         yield
     finally:  # a handler set outside Python (Ray's) cannot be put back: the default then
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-@contextlib.contextmanager
-def _starting() -> Iterator[None]:
-    """Within, a run starts its roles: SIGTERM stops the command as Ctrl-C does, Ray's processes
-    too where it reached the whole process group (as `timeout`'s and Slurm's do). So does the
-    ``sys.exit(15)`` that Ray's own SIGTERM handler raises while ``ray.init`` runs."""
-    try:
-        with sigterm_as_ctrl_c():
-            yield
-    except SystemExit as e:
-        if e.code == signal.SIGTERM:
-            raise KeyboardInterrupt from None
-        raise
 
 
 class _StopRequest:
@@ -422,7 +407,9 @@ def train(config: Any, run_dir: str | Path | None = None, console: Console | Non
                          "or choose another --run-dir")
     run = RunDir(path, config.tensorboard)
     try:
-        with _starting():
+        # SIGTERM while the roles start (Ray's processes too, where it reached the whole process
+        # group, as `timeout`'s and Slurm's do) stops the command as Ctrl-C does
+        with sigterm_as_ctrl_c():
             _track(run, name, config, console, label)
             _say_ray_starts(config, console, name)
             algo = make(config)
@@ -523,15 +510,12 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
                          f"there is nothing to resume; train afresh with another --run-dir (or delete {run_dir})") from None
     run = RunDir(run_dir, config.tensorboard)
     try:
-        with _starting():
+        with sigterm_as_ctrl_c():  # as train's start
             _say_ray_starts(config, console, algo)
             instance = Algorithm(config)
-            try:
-                instance.restore(checkpoint)
-            except BaseException:
-                instance.stop()
-                raise
         try:
+            with sigterm_as_ctrl_c():
+                instance.restore(checkpoint)
             if instance.env_steps >= config.total_steps:
                 raise ShoalError(f"{run_dir} already reached total_steps={config.total_steps:,}: "
                                  f"pass a larger --total-steps to train on")

@@ -290,13 +290,15 @@ def test_a_stop_signal_while_the_roles_start_stops_the_command_and_leaves_no_run
     nothing was trained, so nothing is left to resume; a run being resumed is left as it was.
     While ray.init runs, Ray's own handler turns SIGTERM into sys.exit(15): the same."""
     import shoal.trainer
+    from shoal.backends import _python_sigterm_kept
     from shoal.cli import main
 
     def starting(config):
         if how == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(30)  # the signal's KeyboardInterrupt ends this at once
-        raise SystemExit(signal.SIGTERM)
+        with _python_sigterm_kept():  # as RayBackend's ray.init, in which Ray's handler exits
+            raise SystemExit(signal.SIGTERM)
 
     monkeypatch.setattr(shoal.trainer, "make", starting)
     run, before = tmp_path / "run", signal.getsignal(signal.SIGTERM)
@@ -311,10 +313,24 @@ def test_a_stop_signal_while_the_roles_start_stops_the_command_and_leaves_no_run
     monkeypatch.undo()
     shoal.train(tiny(total_steps=256), run_dir=run)
     before_files = sorted(p.relative_to(run) for p in run.rglob("*"))
-    monkeypatch.setattr(shoal.trainer, "Algorithm", starting)
-    assert main(["train", "--resume", str(run), "--total-steps", "1024"]) == 130
-    assert capsys.readouterr().err.splitlines()[-1] == "shoal: interrupted"
-    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before_files
+    stopped = []
+
+    class Restoring:  # the roles are up; restoring the checkpoint into them is cut short
+        def __init__(self, config):
+            pass
+
+        def restore(self, path):
+            starting(None)
+
+        def stop(self):
+            stopped.append(True)
+
+    for made in (starting, Restoring):
+        monkeypatch.setattr(shoal.trainer, "Algorithm", made)
+        assert main(["train", "--resume", str(run), "--total-steps", "1024"]) == 130
+        assert capsys.readouterr().err.splitlines()[-1] == "shoal: interrupted"
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == before_files
+    assert stopped == [True]  # the roles that had started were stopped
     monkeypatch.undo()
     assert shoal.resume(run, tiny(total_steps=512))["env_steps"] >= 512
 
