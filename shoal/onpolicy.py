@@ -95,11 +95,10 @@ class OnPolicyConfig(Config):
         return self.rollout_steps
 
 
-def make_actor_critic(config: OnPolicyConfig, obs_space, action_space, images: bool = True) -> ActorCritic:
-    """The actor-critic network every on-policy algorithm trains; ``images=False`` for an
-    algorithm that takes vector observations only."""
+def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorCritic:
+    """The actor-critic network every on-policy algorithm trains."""
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
-                       config.normalize_obs, config.log_std_init, images=images, lstm_size=config.lstm_size,
+                       config.normalize_obs, config.log_std_init, images=True, lstm_size=config.lstm_size,
                        sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init,
                        encoder=EncoderSpec.of(config))
 

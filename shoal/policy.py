@@ -395,14 +395,11 @@ class PolicyModule(nn.Module):
         self.encoder: nn.Module = nn.Identity()
         self.feature_dim = self.obs_dim
         self.encoder_spec, self.cnn = encoder, False
-        if encoder is not None and not images:
-            raise ShoalError(f"--encoder {encoder.path}: this algorithm's actor and critic share no encoder (trpo): "
-                             "your own encoder trains with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg")
         if self.image or self.mixed:
             if not images:
                 raise ShoalError(f"this algorithm takes vector observations, not images ({obs_space}): image "
-                                 "observations train with ppo, a2c, impala, appo, dqn, sac, td3 or ddpg (a "
-                                 "convolutional encoder)")
+                                 "observations train with ppo, a2c, trpo, impala, appo, dqn, qrdqn, sac, tqc, td3 "
+                                 "or ddpg (a convolutional encoder)")
             if normalize_obs and self.image:
                 raise ShoalError("normalize_obs is for vector observations: images are scaled to [0, 1] by the network")
         if self.image:

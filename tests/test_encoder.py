@@ -19,7 +19,7 @@ import user_encoders
 import shoal
 from shoal.algos import get
 from shoal.cli import main
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError
 from shoal.policy import UserEncoder
 
 QUICK = {"progress": False, "tensorboard": False, "eval_episodes": 2}
@@ -41,6 +41,7 @@ def test_ppo_learns_cartpole_through_your_encoder_and_the_run_deploys_it(tmp_pat
 CASES = {
     "ppo-lstm": ("ppo", "CartPole-v1", {**ON_POLICY, "lstm_size": 8, "minibatch_size": 32}),
     "a2c": ("a2c", "CartPole-v1", ON_POLICY),
+    "trpo": ("trpo", "CartPole-v1", ON_POLICY),
     "appo": ("appo", "CartPole-v1", ON_POLICY),
     "dqn-dueling": ("dqn", "CartPole-v1", {**OFF_POLICY, "dueling": True}),
     "sac": ("sac", "Pendulum-v1", OFF_POLICY),
@@ -70,7 +71,7 @@ def test_images_reach_your_encoder_as_floats_in_0_1_with_the_algorithms_mlp_afte
     units, as the Nature network); yours is followed by hidden_sizes, as SB3 puts net_arch after a
     features extractor of yours."""
     images = gym.spaces.Box(0, 255, (7, 7, 3), np.uint8)
-    for algo in ("ppo", "dqn", "sac"):
+    for algo in ("ppo", "trpo", "dqn", "sac"):
         config = get(algo).config_cls(env="CartPole-v1", encoder="user_encoders:SmallCNN", hidden_sizes=(24,))
         actions = gym.spaces.Discrete(3)
         module = get(algo).make_policy(config, images, actions)
@@ -146,9 +147,10 @@ def test_a_mistaken_encoder_is_one_line_and_writes_no_run(args, message, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_trpo_and_a_scripts_own_class_are_refused():
-    with pytest.raises(ShoalError, match="share no encoder"):
-        shoal.train(shoal.make_config("trpo", "CartPole-v1", encoder="user_encoders:Tanh", **QUICK))
+def test_ars_and_a_scripts_own_class_are_refused():
+    with pytest.raises(ConfigError, match=r"--encoder user_encoders:Tanh: ars searches the weights of its own linear "
+                                          r"or mlp policy \(--policy\); your own encoder trains with ppo, a2c, trpo"):
+        shoal.make_config("ars", "CartPole-v1", encoder="user_encoders:Tanh", **QUICK)
 
     class Mine(torch.nn.Module):  # inside a function: no process could import it by name
         pass

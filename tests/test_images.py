@@ -52,9 +52,9 @@ def test_the_encoder_reads_pixels_scaled_to_one_and_the_policy_acts_on_one_frame
 
 def test_algorithms_without_an_image_encoder_refuse_images_clearly():
     space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
-    config = shoal.make_config("trpo", "CartPole-v1")
-    with pytest.raises(ShoalError, match=r"takes vector observations, not images .*ppo, a2c, impala, appo, dqn, "
-                                         r"sac, td3 or ddpg \(a convolutional encoder\)"):
+    config = shoal.make_config("ars", "CartPole-v1")
+    with pytest.raises(ShoalError, match=r"takes vector observations, not images .*ppo, a2c, trpo, impala, appo, "
+                                         r"dqn, qrdqn, sac, tqc, td3 or ddpg \(a convolutional encoder\)"):
         shoal.algos.spec_for(config).make_policy(config, space, gym.spaces.Discrete(3))
     with pytest.raises(ShoalError, match="normalize_obs is for vector observations"):
         ActorCritic(space, gym.spaces.Discrete(3), normalize_obs=True, images=True)

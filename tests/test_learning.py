@@ -324,6 +324,16 @@ def test_ppo_solves_a_minigrid_room_from_its_image_observations(seed, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [pytest.param(seed, marks=pytest.mark.slow) for seed in (0, 1, 2)])
+def test_trpo_solves_a_minigrid_room_from_its_image_observations(seed, tmp_path):
+    # TRPO's natural-gradient step through the convolutional encoder (its preset: a bound of 0.05,
+    # the Fisher on every 5th state): 32.8k-36.9k steps, 73-109 s here. Slow for CI's time: CI
+    # keeps the step's KL bound through the encoder (tests/test_onpolicy.py).
+    config = onpolicy("trpo", "MiniGrid-Empty-5x5-v0", seed, stop_return=0.9, total_steps=60_000)
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= 0.9, summary
+
+
+@pytest.mark.parametrize("seed", [pytest.param(seed, marks=pytest.mark.slow) for seed in (0, 1, 2)])
 def test_dqn_solves_a_minigrid_room_from_its_image_observations(seed, tmp_path):
     # DQN's Q-network on the convolutional encoder, replay holding uint8 views: 7.5-22.5k steps here.
     # Slow since seed 0 took 61 s of a 25-minute suite: CI keeps PPO's solve of this room (the same

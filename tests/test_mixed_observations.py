@@ -190,7 +190,7 @@ def test_frame_stack_stacks_each_entry_the_images_as_channels_as_sb3s_vec_frame_
 
 def test_what_cannot_take_them_says_so(capsys):
     space, actions = env_spaces("PixelReach-v0", PROPRIO)
-    config = shoal.make_config("trpo", "PixelReach-v0", env_kwargs=PROPRIO)
+    config = shoal.make_config("ars", "PixelReach-v0", env_kwargs=PROPRIO)
     with pytest.raises(ShoalError, match=r"takes vector observations, not images \(MixedBox\(images 10x10x1; 2 "):
         shoal.algos.spec_for(config).make_policy(config, space, actions)
     with pytest.raises(ShoalError, match=r"frame_stack 12 of environment 'PixelReach-v0''s images 'image' "
@@ -202,7 +202,7 @@ def test_what_cannot_take_them_says_so(capsys):
     assert main(["check-env", "PixelReach-v0", "--env-kwargs", "proprio=true", "--seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert "take them: MixedBox(images 10x10x1; 2 vector entries)\n    a flat vector, the images' 100 pixels first" in (
-        out) and "not ars, trpo: this algorithm takes vector observations, not images" in out, out
+        out) and "not ars: this algorithm takes vector observations, not images" in out, out
     code = main(["train", "ppo", "--env", "PixelReach-v0", "--env-kwargs", "proprio=true", "--encoder",
                  "user_encoders:SmallCNN", "--total-steps", "64"])
     err = capsys.readouterr().err

@@ -103,6 +103,38 @@ def test_trpo_step_respects_the_kl_bound(env):
     assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
 
 
+def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_on_its_features():
+    """With images the actor and the critic share the encoder. The natural-gradient step (the
+    Fisher on every 4th state) moves it within the KL bound over the whole batch; the value
+    regression then fits the critic's head alone, so the policy moves by the bounded step only."""
+    from shoal.algos.trpo import TRPOConfig, TRPOLearner, mean_kl
+    from shoal.envs import env_spaces
+    from shoal.runner import EnvRunner
+    from shoal.weights import WeightStore
+
+    env = "MiniGrid-Empty-5x5-v0"
+    config = TRPOConfig(env=env, max_kl=0.02, fisher_subsample=4, rollout_steps=32, num_envs_per_runner=4,
+                        torch_threads=1)
+    store = WeightStore()
+    learner = TRPOLearner(config, *env_spaces(env), store)
+    learner.publish()
+    rollout = EnvRunner(config, 0, store).sample(32)
+    m = learner.policy
+    obs = torch.as_tensor(rollout.obs.reshape(-1, *m.input_shape))
+    assert m.cnn and obs.dtype == torch.uint8
+    encoder, critic = ([p.detach().clone() for p in part.parameters()] for part in (m.encoder, m.critic))
+    with torch.no_grad():
+        before = m.dist(obs)
+    metrics = learner.learn([rollout])
+    with torch.no_grad():
+        kl = float(mean_kl(before, m.dist(obs)))
+    assert metrics["learner/step_accepted"] == 1.0
+    assert 0 < kl <= config.max_kl
+    assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
+    assert all(not torch.equal(a, b) for a, b in zip(encoder, m.encoder.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(critic, m.critic.parameters()))
+
+
 def test_trpo_bounds_the_kl_of_the_whole_action():
     """``max_kl`` bounds the KL summed over a Gaussian's action dimensions (the paper's), where
     sb3-contrib's ``target_kl`` bounds its mean over them."""

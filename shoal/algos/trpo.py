@@ -4,6 +4,13 @@ The policy step is the natural gradient: conjugate gradient solves F x = g with 
 products (the Hessian of the mean KL, by double backprop), the step is scaled to the KL bound
 (``max_kl``), and a backtracking line search keeps only a step that improves the surrogate and
 satisfies the bound. The value function is fitted separately, by minibatch Adam regression.
+
+With images (or ``--encoder``) the actor and the critic share one encoder, which the
+natural-gradient step trains with the actor's weights; the value regression fits the critic's
+head on its features and leaves it alone, so the policy moves by the bounded step only.
+(sb3-contrib's TRPO ``CnnPolicy`` lets the value loss move the shared encoder too: on
+MiniGrid-Empty-5x5-v0 that moved the policy by a KL of 1.04 in the first iteration, 20 times
+the step's bound of 0.05, and by up to 0.03 later.)
 """
 
 from __future__ import annotations
@@ -15,13 +22,11 @@ from typing import Callable, ClassVar
 import torch
 from torch import Tensor
 from torch.distributions import Distribution, kl_divergence
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.learner import clip_grad_norm, read_metrics
 from shoal.onpolicy import OnPolicyConfig, OnPolicyLearner, explained_variance, feed_forward_only, make_actor_critic
-from shoal.policy import ActorCritic
 from shoal.runner import Rollout
 
 
@@ -50,6 +55,11 @@ class TRPOConfig(OnPolicyConfig):
     """Backtracking factor of the line search."""
     line_search_steps: int = 10
     """Step sizes the line search tries before keeping the old policy."""
+    fisher_subsample: int = 1
+    """Every k-th state of the batch goes into the Fisher-vector products, a conjugate-gradient
+    step's cost (Schulman's thesis, pp. 40-42; OpenAI baselines' TRPO takes every 5th): the
+    gradient, the step's scale and the line search keep the whole batch. Worth it for images,
+    where each product is a second backward pass through the encoder."""
     vf_epochs: int = 10
     """Passes of value-function regression over each batch."""
     vf_minibatch_size: int = 128
@@ -63,6 +73,7 @@ class TRPOConfig(OnPolicyConfig):
         _check(self.cg_damping >= 0, "cg_damping must be non-negative")
         _check(0 < self.line_search_shrink < 1, "line_search_shrink must be in (0, 1)")
         _check(self.line_search_steps >= 1, "line_search_steps must be at least 1")
+        _check(self.fisher_subsample >= 1, "fisher_subsample must be at least 1")
         _check(self.vf_epochs >= 1, "vf_epochs must be at least 1")
         _check(self.vf_minibatch_size >= 1, "vf_minibatch_size must be at least 1")
 
@@ -85,6 +96,21 @@ def conjugate_gradient(matvec: Callable[[Tensor], Tensor], b: Tensor, iters: int
     return x
 
 
+def flat(tensors) -> Tensor:
+    """Parameters or their gradients as one vector, in order. The Nature network's convolutions
+    are channels-last, which torch's parameters_to_vector cannot view."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def set_flat(params: list[Tensor], vector: Tensor) -> None:
+    """Copy ``vector`` into ``params`` in place, each keeping its memory layout (torch's
+    vector_to_parameters would swap a channels-last weight for a contiguous one)."""
+    at = 0
+    for p in params:
+        p.copy_(vector[at:at + p.numel()].view(p.shape))
+        at += p.numel()
+
+
 def mean_kl(old: Distribution, new: Distribution) -> Tensor:
     """Mean over states of KL(old || new), summed over action dimensions."""
     kl = kl_divergence(old, new)
@@ -97,8 +123,9 @@ class TRPOLearner(OnPolicyLearner):
     def __init__(self, config: TRPOConfig, obs_space, action_space, store, policy_id: str = "default"):
         super().__init__(config, obs_space, action_space, store, policy_id)
         m = self.policy
+        # the natural gradient's: all but the critic's head (the shared encoder's among them)
         self.actor_params = [p for name, p in m.named_parameters() if not name.startswith("critic.")]
-        # the value function's
+        # the value function's: the critic's head, on the encoder's features as they are
         self.optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=config.optimizer_eps)
 
     def surrogate(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
@@ -113,12 +140,14 @@ class TRPOLearner(OnPolicyLearner):
             old_dist = m.dist(obs)
             old_logp, _ = m.evaluate_actions(obs, actions)
         surr = self.surrogate(obs, actions, old_logp, adv)
-        g = parameters_to_vector(torch.autograd.grad(surr, params))
-        kl_grad = parameters_to_vector(torch.autograd.grad(mean_kl(old_dist, m.dist(obs)), params, create_graph=True))
+        g = flat(torch.autograd.grad(surr, params))
+        k = c.fisher_subsample
+        with torch.no_grad():
+            old_sub = old_dist if k == 1 else m.dist(obs[::k])
+        kl_grad = flat(torch.autograd.grad(mean_kl(old_sub, m.dist(obs[::k])), params, create_graph=True))
 
         def fisher_vector(v: Tensor) -> Tensor:
-            hv = torch.autograd.grad(kl_grad @ v, params, retain_graph=True)
-            return parameters_to_vector(hv) + c.cg_damping * v
+            return flat(torch.autograd.grad(kl_grad @ v, params, retain_graph=True)) + c.cg_damping * v
 
         direction = conjugate_gradient(fisher_vector, g, c.cg_iters)
         quad = float(direction @ fisher_vector(direction))  # x^T F x
@@ -126,17 +155,17 @@ class TRPOLearner(OnPolicyLearner):
             return {"learner/kl": 0.0, "learner/step_accepted": 0.0, "learner/line_search_steps": 0.0,
                     "loss/policy": -float(surr.detach())}
         full_step = direction * math.sqrt(2 * c.max_kl / quad)  # 0.5 s^T F s = max_kl
-        old = parameters_to_vector(params).detach()
+        old = flat(params).detach()
         surr_old = float(surr.detach())
         with torch.no_grad():
             for k in range(c.line_search_steps):
-                vector_to_parameters(old + c.line_search_shrink**k * full_step, params)
+                set_flat(params, old + c.line_search_shrink**k * full_step)
                 kl = float(mean_kl(old_dist, m.dist(obs)))
                 surr_new = float(self.surrogate(obs, actions, old_logp, adv))
                 if kl <= c.max_kl and surr_new > surr_old:
                     return {"learner/kl": kl, "learner/step_accepted": 1.0, "learner/line_search_steps": k + 1.0,
                             "loss/policy": -surr_new}
-            vector_to_parameters(old, params)  # no step satisfied both: keep the old policy
+            set_flat(params, old)  # no step satisfied both: keep the old policy
         return {"learner/kl": 0.0, "learner/step_accepted": 0.0,
                 "learner/line_search_steps": float(c.line_search_steps), "loss/policy": -surr_old}
 
@@ -149,9 +178,11 @@ class TRPOLearner(OnPolicyLearner):
         metrics = self.policy_step(b["obs"], b["actions"], adv)
         lr = self.scheduled_lr(self.optimizer)
         losses = []
+        with torch.no_grad():  # the policy step's encoder: the value regression leaves it alone
+            features = m.encoder(b["obs"])
         for _ in range(c.vf_epochs):
             for idx, _ in self.minibatches(b, c.vf_minibatch_size):
-                loss = 0.5 * (m.value(b["obs"][idx]) - b["ret"][idx]).pow(2).mean()
+                loss = 0.5 * (m.critic(features[idx]).squeeze(-1) - b["ret"][idx]).pow(2).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 clip_grad_norm(m.critic.parameters(), c.max_grad_norm)
@@ -162,11 +193,5 @@ class TRPOLearner(OnPolicyLearner):
                              "learner/explained_variance": explained_variance(b["values"], b["ret"])})
 
 
-def make_trpo_policy(config: TRPOConfig, obs_space, action_space) -> ActorCritic:
-    """TRPO's actor-critic, on vector observations only: its natural gradient (conjugate
-    gradients on the KL's Hessian) is not taken through a convolutional encoder."""
-    return make_actor_critic(config, obs_space, action_space, images=False)
-
-
-register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_trpo_policy, "sync",
+register(AlgoSpec("trpo", TRPOConfig, TRPOLearner, make_actor_critic, "sync",
                   "Trust Region Policy Optimization, discrete, continuous and multi-discrete actions"))
