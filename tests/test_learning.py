@@ -326,7 +326,7 @@ def test_ppo_solves_a_minigrid_room_from_its_image_observations(seed, tmp_path):
 @pytest.mark.parametrize("seed", [pytest.param(seed, marks=pytest.mark.slow) for seed in (0, 1, 2)])
 def test_trpo_solves_a_minigrid_room_from_its_image_observations(seed, tmp_path):
     # TRPO's natural-gradient step through the convolutional encoder (its preset: a bound of 0.05,
-    # the Fisher on every 5th state): 32.8k-36.9k steps, 73-109 s here. Slow for CI's time: CI
+    # the Fisher on every 5th state): 32.8k-36.9k steps, 58-68 s here. Slow for CI's time: CI
     # keeps the step's KL bound through the encoder (tests/test_onpolicy.py).
     config = onpolicy("trpo", "MiniGrid-Empty-5x5-v0", seed, stop_return=0.9, total_steps=60_000)
     summary = shoal.train(config, run_dir=tmp_path)
