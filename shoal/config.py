@@ -210,6 +210,9 @@ class Config:
                "cannot be combined with --inference central: the runners then hold no policy, and the inference "
                "servers act on --device")
         _check(self.num_inference_servers >= 1, "num_inference_servers must be at least 1")
+        _check(self.num_inference_servers == 1 or self.inference == "central",
+               f"num_inference_servers {self.num_inference_servers} sets how many central inference servers act for "
+               "the runners: add --inference central")
         _check(self.inference != "central" or self.num_inference_servers <= self.num_env_runners,
                f"num_inference_servers {self.num_inference_servers} is more than num_env_runners "
                f"{self.num_env_runners}: runner i uses server i % {self.num_inference_servers}, so "
@@ -224,6 +227,9 @@ class Config:
         _check(self.wandb_project is None or bool(self.wandb_project.strip()), "wandb_project cannot be empty")
         _check(self.stop_patience is None or self.stop_patience >= 1, "stop_patience must be at least 1 evaluation "
                "(or None)")
+        _check(self.eval_interval > 0 or (self.stop_return is None and self.stop_patience is None),
+               "stop_return and stop_patience stop a run at an evaluation, and eval_interval 0 evaluates at the end "
+               "only: give --eval-interval N (env steps) too")
         _check("render_mode" not in self.env_kwargs, "env_kwargs cannot set render_mode: training envs do not "
                "render; `shoal eval RUN_DIR --video DIR` records episodes")
         _check("render_mode" not in self.eval_env_kwargs, "eval_env_kwargs cannot set render_mode: evaluations do "

@@ -586,6 +586,11 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "ppo", "--address", "auto"], "--address joins a Ray cluster: add --backend ray"),
     (["train", "ppo", "--inference", "central", "--num-env-runners", "2", "--num-inference-servers", "3"],
      "num_inference_servers 3 is more than num_env_runners 2: runner i uses server i % 3, so 1 would serve no one"),
+    # each was taken and did nothing: the runners acted for themselves, the run went on to total_steps
+    (["train", "ppo", "--num-inference-servers", "2"], "num_inference_servers 2 sets how many central inference "
+                                                        "servers act for the runners: add --inference central"),
+    (["train", "ppo", "--stop-return", "400", "--eval-interval", "0"], "stop_return and stop_patience stop a run at an "
+     "evaluation, and eval_interval 0 evaluates at the end only: give --eval-interval N (env steps) too"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),
     (["train", "ppo", "--set", "hidden_sizes=abc"], "hidden_sizes expects a list of int, got 'abc'"),
     (["train", "ppo", "--set", "hidden_sizes=[64.5]"], "hidden_sizes expects a list of int, got [64.5]"),
