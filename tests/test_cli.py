@@ -589,6 +589,11 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     # each was taken and did nothing: the runners acted for themselves, the run went on to total_steps
     (["train", "ppo", "--num-inference-servers", "2"], "num_inference_servers 2 sets how many central inference "
                                                         "servers act for the runners: add --inference central"),
+    (["train", "ars", "--clip-rewards"], "ars scores each candidate by its episodes' returns: clip_rewards (the "
+                                          "rewards' signs, for learners that fit values to them) does not apply"),
+    (["train", "crossq", "--env", "Pendulum-v1", "--tau", "0.005"], "tau 0.005: crossq has no target networks"),
+    (["train", "trpo", "--vf-coef", "1"], "vf_coef 1.0: trpo fits its value function apart (vf_epochs, "
+                                          "vf_minibatch_size, lr), with no joint loss for vf_coef to weigh"),
     (["train", "ppo", "--stop-return", "400", "--eval-interval", "0"], "stop_return and stop_patience stop a run at an "
      "evaluation, and eval_interval 0 evaluates at the end only: give --eval-interval N (env steps) too"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),

@@ -84,6 +84,8 @@ class ARSConfig(Config):
         _check(self.max_episode_steps >= 1, "max_episode_steps must be at least 1")
         _check(self.num_env_runners <= 2 * self.n_delta, f"num_env_runners {self.num_env_runners} is more than the "
                f"{2 * self.n_delta} candidates of n_delta {self.n_delta} directions: some runners would play none")
+        _check(not self.clip_rewards, "ars scores each candidate by its episodes' returns: clip_rewards (the "
+               "rewards' signs, for learners that fit values to them) does not apply")
         _check(self.encoder is None, f"--encoder {self.encoder}: ars searches the weights of its own linear or mlp "
                "policy (--policy); your own encoder trains with ppo, a2c, trpo, impala, appo, dqn, qrdqn, sac, tqc, "
                "td3 or ddpg")

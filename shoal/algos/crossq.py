@@ -111,7 +111,8 @@ class CrossQConfig(SACConfig):
     lr: float = 1e-3
     """Adam learning rate (sb3-contrib's CrossQ default)."""
     tau: float = 1.0
-    """Unused: CrossQ has no target networks (as sb3-contrib's, whose tau is fixed at 1)."""
+    """Fixed at 1 (another value is refused): CrossQ has no target networks (as sb3-contrib's, whose
+    tau is fixed at 1)."""
     policy_delay: int = 3
     """Critic updates per actor (and temperature) update."""
     critic_hidden_sizes: tuple[int, ...] = (1024, 1024)
@@ -131,6 +132,8 @@ class CrossQConfig(SACConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check(self.policy_delay >= 1, "policy_delay must be at least 1")
+        _check(self.tau == 1.0, f"tau {self.tau}: crossq has no target networks to move towards the critics (as "
+               "sb3-contrib's); the critics' Batch Renormalization takes their place")
         _check(len(self.critic_hidden_sizes) >= 1 and min(self.critic_hidden_sizes) >= 1,
                "critic_hidden_sizes needs at least one positive width, e.g. --critic-hidden-sizes 256 256")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1 must be in [0, 1)")

@@ -68,6 +68,8 @@ class TRPOConfig(OnPolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         feed_forward_only(self)
+        _check(self.vf_coef == OnPolicyConfig.vf_coef, f"vf_coef {self.vf_coef}: trpo fits its value function apart "
+               "(vf_epochs, vf_minibatch_size, lr), with no joint loss for vf_coef to weigh")
         _check(self.max_kl > 0, "max_kl must be positive")
         _check(self.cg_iters >= 1, "cg_iters must be at least 1")
         _check(self.cg_damping >= 0, "cg_damping must be non-negative")
