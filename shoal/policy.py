@@ -356,6 +356,10 @@ class PolicyModule(nn.Module):
     """Whether this policy takes action masks: observations of a :class:`shoal.envs.MaskedBox`,
     whose last ``mask_dim`` entries say which actions are legal (see :meth:`legal`)."""
 
+    layers_after_cnn = True
+    """Whether ``hidden_sizes`` and ``activation`` make layers after shoal's convolutional encoder
+    (SAC's, TD3's and DDPG's MLPs do); False where linear heads read its features."""
+
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
                  images: bool = False, encoder: EncoderSpec | None = None):
         super().__init__()
@@ -553,6 +557,7 @@ class ActorCritic(PolicyModule):
 
     multi_discrete = True
     masks = True
+    layers_after_cnn = False
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space,
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",

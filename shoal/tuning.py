@@ -132,12 +132,28 @@ def _text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+def default_space(spec: Any, config: Any) -> dict[str, Any]:
+    """The algorithm's :data:`SPACES` for ``config``'s env: without ``hidden_sizes`` and
+    ``activation`` where its images go through shoal's convolutional encoder into linear heads
+    (PPO's, DQN's, ...), which take neither."""
+    space = dict(SPACES.get(spec.name, {}))
+    if {"hidden_sizes", "activation"} & space.keys() and config.encoder is None:
+        from shoal.envs import EnvOptions, env_spaces
+        from shoal.policy import is_image
+
+        obs_space, action_space = env_spaces(config.env, config.env_kwargs, EnvOptions.of(config))
+        if is_image(obs_space) and not spec.make_policy(config, obs_space, action_space).layers_after_cnn:
+            space.pop("hidden_sizes", None)
+            space.pop("activation", None)
+    return space
+
+
 def search_space(algo: str, params: dict[str, Any] | None, config_cls: type) -> list[Param]:
-    """The searched settings: ``params`` (name: spec, see :meth:`Param.parse`) if given, else the
-    algorithm's :data:`SPACES`; each a setting of ``config_cls``."""
+    """The searched settings: ``params`` (name: spec, see :meth:`Param.parse`), each a setting
+    of ``config_cls``."""
     from shoal.config import field_names, peer_hint
 
-    space = params if params else SPACES.get(algo, {})
+    space = params
     if not space:
         raise ConfigError(f"no default search space for {algo}: give the settings to search, "
                           "--param lr='log(1e-5, 1e-2)' ...")
@@ -194,7 +210,7 @@ def tune(algo: str, env: str | None = None, trials: int = 20, params: dict[str, 
         require_wandb()  # once, not as each trial's failure
     plain = cfg.to_dict(base)  # the fixed settings as the config holds them (YAML's types: a class in Python, its path)
     sets = {k: plain[k] for k in sets if k in plain}
-    space = search_space(spec.name, params, spec.config_cls)
+    space = search_space(spec.name, params or default_space(spec, base), spec.config_cls)
     steps = int(total_steps or base.total_steps)
     _check(trials >= 1, "--trials must be at least 1")
     _check(steps >= 1, "--total-steps must be at least 1")

@@ -171,6 +171,25 @@ def test_every_algorithm_has_a_default_space_whose_values_make_valid_settings():
                 spec.config_cls(**{setting: value})
 
 
+@pytest.mark.parametrize("algo, env, drops", [("ppo", "MiniGrid-Empty-5x5-v0", True),
+                                              ("trpo", "MiniGrid-Empty-5x5-v0", True),
+                                              ("dqn", "MiniGrid-Empty-5x5-v0", True), ("ppo", "CartPole-v1", False),
+                                              ("sac", "PixelReach-v0", False)])
+def test_the_default_space_leaves_out_what_linear_heads_on_shoals_cnn_do_not_take(algo, env, drops):
+    """PPO's and DQN's heads on the convolutional encoder are linear: hidden_sizes and activation
+    would be searched for nothing. SAC's MLPs come after its encoders, and vectors take them."""
+    from shoal import algos
+    from shoal.tuning import default_space
+
+    spec = algos.get(algo)
+    space = default_space(spec, shoal.make_config(algo, env))
+    assert ({"hidden_sizes", "activation"} & space.keys() == set()) is drops, space
+    assert space.keys() <= SPACES[algo].keys() and "lr" in space
+    # with your own encoder the MLPs come after it, so they are searched
+    assert "hidden_sizes" in default_space(spec, shoal.make_config(algo, env, encoder="user_encoders:SmallCNN")
+                                           if drops else shoal.make_config(algo, env))
+
+
 def test_a_choice_of_lists_is_drawn_and_stored_by_its_text():
     p = Param.parse("hidden_sizes", "[[64, 64], [256, 256]]")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

@@ -152,6 +152,7 @@ class QNetwork(PolicyModule):
     """
 
     masks = True
+    layers_after_cnn = False
 
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, hidden_sizes: tuple[int, ...],
                  activation: str, dueling: bool, encoder: EncoderSpec | None = None, quantiles: int = 1,
