@@ -186,7 +186,7 @@ def test_pictures_with_an_action_mask_are_laid_out_pixels_first_and_the_mask_las
     assert main(["check-env", env_id, "--seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert f"{vector} vector entries, 5 action mask entries)" in out and "the action mask's 5 entries last" in out
-    assert "trains with: a2c, appo, dqn, impala, ppo, qrdqn, sac\n" in out, out
+    assert "trains with: a2c, appo, dqn, impala, ppo, qrdqn, sac, trpo\n" in out, out
 
 
 def test_a_picture_policy_reads_the_mask_as_the_env_gave_it_whatever_it_normalises():

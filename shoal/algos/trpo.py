@@ -143,10 +143,10 @@ class TRPOLearner(OnPolicyLearner):
             old_logp, _ = m.evaluate_actions(obs, actions)
         surr = self.surrogate(obs, actions, old_logp, adv)
         g = flat(torch.autograd.grad(surr, params))
-        k = c.fisher_subsample
+        every = c.fisher_subsample  # the Fisher's states
         with torch.no_grad():
-            old_sub = old_dist if k == 1 else m.dist(obs[::k])
-        kl_grad = flat(torch.autograd.grad(mean_kl(old_sub, m.dist(obs[::k])), params, create_graph=True))
+            old_sub = old_dist if every == 1 else m.dist(obs[::every])
+        kl_grad = flat(torch.autograd.grad(mean_kl(old_sub, m.dist(obs[::every])), params, create_graph=True))
 
         def fisher_vector(v: Tensor) -> Tensor:
             return flat(torch.autograd.grad(kl_grad @ v, params, retain_graph=True)) + c.cg_damping * v
