@@ -12,7 +12,8 @@ compared here: 10M steps are far beyond this machine (see README's Image observa
 
 TRPO: shoal's ALE/* preset (8 envs, 128 steps, max_kl 0.01, 15 conjugate-gradient steps, the
 Fisher-vector products on every 5th state, 10 value epochs of minibatches of 128) against
-sb3-contrib's TRPO CnnPolicy with the same numbers. Their work per iteration differs in two ways:
+sb3-contrib's TRPO CnnPolicy with the same numbers (sb3-contrib's TRPO has no entropy bonus, the
+preset's 0.01). Their work per iteration differs in two ways:
 sb3-contrib's sub_sampling_factor=5 subsamples the whole policy step (gradient and line search
 too), shoal's fisher_subsample the Fisher-vector products only; and sb3-contrib's value loss
 trains the shared CNN (10 epochs of backward passes through it), shoal's fits the critic's head

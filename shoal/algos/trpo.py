@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Iterable
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ def conjugate_gradient(matvec: Callable[[Tensor], Tensor], b: Tensor, iters: int
     return x
 
 
-def flat(tensors) -> Tensor:
+def flat(tensors: Iterable[Tensor]) -> Tensor:
     """Parameters or their gradients as one vector, in order. The Nature network's convolutions
     are channels-last, which torch's parameters_to_vector cannot view."""
     return torch.cat([t.reshape(-1) for t in tensors])
