@@ -356,4 +356,3 @@ def test_starting_ray_keeps_the_processs_own_sigterm_handler(tmp_path):
     done = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_RAY_STARTS], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0 and "handled [15]" in done.stdout, (done.returncode, done.stderr[-2000:])
-
