@@ -23,7 +23,7 @@ from shoal.config import Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult, check_losses, read_metrics
-from shoal.policy import ConvEncoder, EncoderSpec, PolicyModule, network_input
+from shoal.policy import EncoderSpec, PolicyModule, network_input
 from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
@@ -136,17 +136,6 @@ class OffPolicyConfig(Config):
         return self.rollout_steps or (8 if self.apex else 1)
 
 
-def critic_encoder(policy: PolicyModule) -> nn.Module | None:
-    """An encoder for the critics of their own, of the kind the policy's is (shoal's convolutional
-    one for images, or the user's ``--encoder``), freshly initialised; None where the policy reads
-    vectors as they are."""
-    if policy.encoder_spec is not None:
-        return policy.encoder_spec.build(policy.input_shape, policy.image)
-    if policy.mixed:
-        return policy.encoder.fresh()  # type: ignore[operator]
-    return ConvEncoder(policy.input_shape) if policy.cnn else None  # type: ignore[arg-type]
-
-
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
     """target <- tau * source + (1 - tau) * target, in place."""
     with torch.no_grad():
@@ -161,9 +150,10 @@ class QCritics(nn.Module):
     ``discrete`` it is an MLP on the observation giving Q(s, .) for every action, as DQN's network.
 
     With ``encoder`` (a module with the width of its features, ``out_dim``: a
-    :class:`shoal.policy.ConvEncoder` for images, or the user's, :func:`critic_encoder`) the K
-    critics read the features of that one encoder of their own (the actor has another), as
-    stable-baselines3's SAC and TD3 policies: its gradients come from the critics' loss only.
+    :class:`shoal.policy.ConvEncoder` for images, or the user's; the policy's
+    :meth:`shoal.policy.PolicyModule.fresh_encoder`) the K critics read the features of that one
+    encoder of their own (the actor has another), as stable-baselines3's SAC and TD3 policies: its
+    gradients come from the critics' loss only.
 
     With ``norm`` (a maker of normalisation layers of a given width over [K, N, width] inputs,
     CrossQ's Batch Renormalization) a layer normalises each layer's input, the first's included.

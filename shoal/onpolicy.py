@@ -68,6 +68,10 @@ class OnPolicyConfig(Config):
     ortho_init: bool = True
     """Orthogonal initialisation of the layers (hidden gain sqrt(2), actor 0.01, critic 1), as PPO's
     baselines; off: torch's default (SB3's ortho_init=False, which rl-zoo's gSDE settings use)."""
+    share_encoder: bool = True
+    """The actor and the critic share the encoder of images (or of --encoder), which the value
+    loss trains too; off: the critic has one of its own (SB3's share_features_extractor=False),
+    at a second encoder pass per learner sample. For images or --encoder only."""
     lstm_size: int = 0
     """Units of an LSTM between the encoder and the actor and critic MLPs, which then remember
     across an episode's steps (0: a feed-forward policy). ppo, a2c, impala and appo; each env's
@@ -100,7 +104,7 @@ def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorC
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
                        config.normalize_obs, config.log_std_init, images=True, lstm_size=config.lstm_size,
                        sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init,
-                       encoder=EncoderSpec.of(config))
+                       encoder=EncoderSpec.of(config), share_encoder=config.share_encoder)
 
 
 def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,
@@ -236,7 +240,7 @@ class OnPolicyLearner(Learner):
         final_rows = np.full((T, B), -1)
         final_rows[final_idx[:, 0], final_idx[:, 1]] = T * B + np.arange(K)
         segments, first = episode_segments(ends, final_rows, T * B + K + np.arange(B))
-        f = m.encoder(torch.cat([obs.reshape(T * B, *obs.shape[2:]), final_obs, last_obs]))
+        f = m.encode(torch.cat([obs.reshape(T * B, *obs.shape[2:]), final_obs, last_obs]))
         v = m.critic_value(m.unroll(f, segments, segment_memory(memory, first)))
         return v[: T * B].reshape(T, B), v[T * B + K:], v[T * B: T * B + K], {"memory": memory, "ends": ends}
 
@@ -279,7 +283,7 @@ class OnPolicyLearner(Learner):
         segments, first = episode_segments(batch["ends"][:, envs])
         memory = tuple(x[idx[: len(envs)]] for x in batch["memory"])  # the first step's indices are the envs
         obs = batch["obs"][idx]
-        h = m.unroll(m.encoder(obs), segments, segment_memory(memory, first))
+        h = m.unroll(m.encode(obs), segments, segment_memory(memory, first))
         return m.heads(h, batch["actions"][idx], m.legal(obs))
 
 

@@ -442,6 +442,16 @@ class PolicyModule(nn.Module):
                 raise ShoalError(f"an action mask of {self.mask_dim} entries does not fit the action space "
                                  f"{action_space}")
 
+    def fresh_encoder(self) -> nn.Module | None:
+        """Another encoder of the kind this policy's is (shoal's convolutional one for images, a
+        Dict's, or the user's ``--encoder``), freshly initialised: a critic's own. None where the
+        policy reads vectors as they are."""
+        if self.encoder_spec is not None:
+            return self.encoder_spec.build(self.input_shape, self.image)
+        if self.mixed:
+            return self.encoder.fresh()  # type: ignore[operator]
+        return ConvEncoder(self.input_shape) if self.cnn else None  # type: ignore[arg-type]
+
     def normalize(self, obs: Tensor) -> Tensor:
         """Raw observations [N, *obs_shape] -> network input [N, *input_shape]. An action mask
         stays as it is (0 or 1), after the normalised observation."""
@@ -538,7 +548,10 @@ class ActorCritic(PolicyModule):
 
     With image observations (``images=True``) the two share one convolutional encoder, and are
     linear heads on its features (as stable-baselines3's and RLlib's CNN policies). With the
-    user's ``encoder`` they share that, and are ``hidden_sizes`` MLPs on its features.
+    user's ``encoder`` they share that, and are ``hidden_sizes`` MLPs on its features. With
+    ``share_encoder=False`` the critic has an encoder of its own (``critic_encoder``, of the same
+    kind; SB3's ``share_features_extractor=False``): the value loss no longer trains the actor's
+    features, and the acting path runs the actor's encoder only.
 
     With ``lstm_size`` > 0 the policy is recurrent: an LSTM between the encoder and each MLP (one
     for the actor, one for the critic, as sb3-contrib's RecurrentPPO by default: a shared one
@@ -563,8 +576,12 @@ class ActorCritic(PolicyModule):
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
                  normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False,
                  lstm_size: int = 0, sde: int | None = None, ortho_init: bool = True,
-                 encoder: EncoderSpec | None = None):
+                 encoder: EncoderSpec | None = None, share_encoder: bool = True):
         super().__init__(obs_space, action_space, normalize_obs, images, encoder)
+        self.critic_encoder = None if share_encoder else self.fresh_encoder()
+        if not share_encoder and self.critic_encoder is None:
+            raise ShoalError("--no-share-encoder gives the critic an encoder of its own, for image observations or "
+                             "--encoder: vectors go as they are to the actor's and the critic's own MLPs already")
         act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
         gaussian = not self.discrete and self.nvec is None
         if sde is not None and not gaussian:
@@ -612,11 +629,17 @@ class ActorCritic(PolicyModule):
             keep = torch.as_tensor(~done, dtype=torch.float32, device=self.memory[0].device)[:, None]
             self.memory = (self.memory[0] * keep, self.memory[1] * keep)
 
+    def encode(self, x: Tensor) -> Tensor:
+        """The encoders' features of network inputs ``x`` [N, ...]: the shared encoder's, or where
+        the critic has an encoder of its own, the actor's then the critic's [N, 2 * feature_dim]."""
+        h = self.encoder(x)
+        return h if self.critic_encoder is None else torch.cat([h, self.critic_encoder(x)], -1)
+
     def features(self, x: Tensor) -> Tensor:
-        """The heads' input for network inputs ``x`` [N, ...] on the acting path: the encoder's
+        """The heads' input for network inputs ``x`` [N, ...] on the acting path: the encoders'
         features, or for a recurrent policy the LSTM's output after one step of its memory (a
         fresh zero memory when it holds none for N rows)."""
-        h = self.encoder(x)
+        h = self.encode(x)
         if self.lstm is None:
             return h
         if self.memory is None or len(self.memory[0]) != len(h):
@@ -624,29 +647,48 @@ class ActorCritic(PolicyModule):
         self.memory = self._lstm_step(h, self.memory)
         return self.memory[0]
 
+    def _lstm_input(self, f: Tensor, i: int) -> Tensor:
+        """The features :meth:`encode` gave ``f`` [..., F] that LSTM ``i`` (0: the actor's, 1: the
+        critic's) reads: all of them, or its own encoder's."""
+        if self.critic_encoder is None:
+            return f
+        return f[..., i * self.feature_dim:(i + 1) * self.feature_dim]
+
     def _lstm_step(self, f: Tensor, memory: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-        """One step of the actor's and the critic's LSTMs on features ``f`` [N, feature_dim]: the
+        """One step of the actor's and the critic's LSTMs on features ``f`` (:meth:`encode`'s): the
         LSTM cell op on their weights (a one-step call of nn.LSTM cost 2.4x as much here)."""
         n, (h, c) = self.lstm_size, memory
-        out = [torch.lstm_cell(f, (h[:, i * n:(i + 1) * n], c[:, i * n:(i + 1) * n]), lstm.weight_ih_l0,
+        out = [torch.lstm_cell(self._lstm_input(f, i), (h[:, i * n:(i + 1) * n], c[:, i * n:(i + 1) * n]),
+                               lstm.weight_ih_l0,
                                lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
                for i, lstm in enumerate(self.lstm)]
         return torch.cat([out[0][0], out[1][0]], 1), torch.cat([out[0][1], out[1][1]], 1)
 
     def _split(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """The actor's and the critic's inputs in the heads' input ``h``."""
-        return (h, h) if self.lstm is None else (h[..., :self.lstm_size], h[..., self.lstm_size:])
+        if self.lstm is not None:
+            return h[..., :self.lstm_size], h[..., self.lstm_size:]
+        if self.critic_encoder is not None:
+            return h[..., :self.feature_dim], h[..., self.feature_dim:]
+        return h, h
+
+    def _actor_input(self, x: Tensor) -> Tensor:
+        """The actor's input on the acting path for network inputs ``x``: the actor's encoder's
+        features (a critic's own encoder is not run), or a recurrent actor's LSTM output after one
+        step of the memory (both LSTMs step: the critic's memory trains with the rollout)."""
+        return self.encoder(x) if self.lstm is None else self._split(self.features(x))[0]
 
     def unroll(self, f: Tensor, segments: np.ndarray, memory: tuple[Tensor, Tensor]) -> Tensor:
         """The LSTMs' hidden states [M, 2 * lstm_size] after each of the M feature rows ``f``
-        [M, feature_dim] (:attr:`encoder`'s), stepped as the episode segments ``segments`` [L, S]
+        [M, F] (:meth:`encode`'s), stepped as the episode segments ``segments`` [L, S]
         lay them out (each column a segment's rows in order, -1 past its end) from ``memory``
         (h, c) [S, 2 * lstm_size]: what the acting path computed step by step, replayed with one
         fused nn.LSTM pass per network (4.7x faster than a loop of cells with backpropagation)."""
         n, (h, c) = self.lstm_size, memory
         x = torch.cat([f, f.new_zeros(1, f.shape[1])])[devices.upload(segments, f.device)]  # -1: the zero row
         start = lambda m, i: m[None, :, i * n:(i + 1) * n].contiguous()  # noqa: E731  (network i's part)
-        out = torch.cat([lstm(x, (start(h, i), start(c, i)))[0] for i, lstm in enumerate(self.lstm)], -1)
+        out = torch.cat([lstm(self._lstm_input(x, i), (start(h, i), start(c, i)))[0]
+                         for i, lstm in enumerate(self.lstm)], -1)
         out = out.flatten(0, 1)
         valid = segments.reshape(-1) >= 0
         where = np.empty(len(f), np.int64)
@@ -696,7 +738,7 @@ class ActorCritic(PolicyModule):
 
     def dist(self, x: Tensor) -> Distribution:
         """Action distribution for network inputs ``x`` [N, *input_shape]."""
-        out, latent = self._actor(self._split(self.features(x))[0])
+        out, latent = self._actor(self._actor_input(x))
         out = self._logits(out, self.legal(x))
         if self.discrete:
             return Categorical(logits=out, validate_args=False)
@@ -707,7 +749,7 @@ class ActorCritic(PolicyModule):
     def explore(self, x: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sample actions [N, ...] and their log-probabilities [N]: the runners' per-step path,
         without building a Distribution object; with gSDE the noise each env holds."""
-        out, latent = self._actor(self._split(self.features(x))[0])
+        out, latent = self._actor(self._actor_input(x))
         out = self._logits(out, self.legal(x))
         if self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
@@ -729,7 +771,7 @@ class ActorCritic(PolicyModule):
     def evaluate(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``, and the state value [N]: the
         learners' step, with one pass of a shared encoder (feed-forward policies)."""
-        return self.heads(self.encoder(x), actions, self.legal(x))
+        return self.heads(self.encode(x), actions, self.legal(x))
 
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``."""
@@ -753,20 +795,21 @@ class ActorCritic(PolicyModule):
 
     def value(self, x: Tensor) -> Tensor:
         """State value [N] for network inputs ``x``."""
-        return self.critic(self.encoder(x)).squeeze(-1)
+        encoder = self.encoder if self.critic_encoder is None else self.critic_encoder
+        return self.critic(encoder(x)).squeeze(-1)
 
     def act(self, x: Tensor, deterministic: bool, generator: torch.Generator | None = None) -> Tensor:
         """The most likely action, or a sample (with an explicit generator, so runs are
         reproducible). No Distribution object is built: in a policy server answering one
         observation per request, Categorical's construction was a quarter of the time."""
-        return self._choose(*self._actor(self._split(self.features(x))[0]), self.legal(x), deterministic, generator)
+        return self._choose(*self._actor(self._actor_input(x)), self.legal(x), deterministic, generator)
 
     def act_with_memory(self, x: Tensor, memory: tuple[Tensor, Tensor], deterministic: bool = True,
                         generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """:meth:`act` for a recurrent policy whose memory is given and returned, not held: one
         step of the episodes whose LSTM state is ``memory`` (h, c) [N, 2 * lstm_size] (zeros when
         they start); the actions and the new h and c (an exported policy, the policy server)."""
-        h, c = self._lstm_step(self.encoder(x), memory)
+        h, c = self._lstm_step(self.encode(x), memory)
         return self._choose(*self._actor(self._split(h)[0]), self.legal(x), deterministic, generator), h, c
 
     def _choose(self, out: Tensor, latent: Tensor | None, legal: Tensor | None, deterministic: bool,

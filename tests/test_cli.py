@@ -594,6 +594,8 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "crossq", "--env", "Pendulum-v1", "--tau", "0.005"], "tau 0.005: crossq has no target networks"),
     (["train", "trpo", "--vf-coef", "1"], "vf_coef 1.0: trpo fits its value function apart (vf_epochs, "
                                           "vf_minibatch_size, lr), with no joint loss for vf_coef to weigh"),
+    (["train", "ppo", "--no-share-encoder"], "--no-share-encoder gives the critic an encoder of its own, for image "
+     "observations or --encoder: vectors go as they are to the actor's and the critic's own MLPs already"),
     (["train", "ppo", "--stop-return", "400", "--eval-interval", "0"], "stop_return and stop_patience stop a run at an "
      "evaluation, and eval_interval 0 evaluates at the end only: give --eval-interval N (env steps) too"),
     (["train", "ppo", "--config", "/nonexistent.yaml"], "cannot read config file /nonexistent.yaml"),

@@ -84,6 +84,52 @@ def test_images_reach_your_encoder_as_floats_in_0_1_with_the_algorithms_mlp_afte
         assert 24 in widths, (algo, widths)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "trpo", "appo"])
+def test_an_on_policy_critic_with_an_encoder_of_its_own_is_trained_by_the_value_loss_only(algo):
+    """--no-share-encoder (SB3's share_features_extractor=False): the critic reads an encoder of
+    its own, of the actor's kind. The value loss trains it and not the actor's; acting runs the
+    actor's alone; a run trains both."""
+    config = get(algo).config_cls(env="CartPole-v1", encoder="user_encoders:Tanh", encoder_kwargs={"width": 16},
+                                  share_encoder=False, **ON_POLICY, **QUICK,
+                                  **({"minibatch_size": 32} if algo == "ppo" else {}))
+    with shoal.make(config) as run:
+        before = run.get_policy().module
+        actor, critic = before.encoder, before.critic_encoder
+        assert isinstance(critic, UserEncoder) and critic.out_dim == 16 and critic is not actor
+        seen = []
+        critic.register_forward_pre_hook(lambda *_: seen.append(1))
+        obs = torch.randn(8, 4)
+        before.act(obs, deterministic=False)
+        before.explore(obs, None)
+        assert not seen  # acting: the actor's encoder only
+        before.value(obs).sum().backward()
+        assert all(p.grad is None for p in actor.parameters())
+        assert all(p.grad is not None for p in critic.parameters())
+        before.zero_grad(set_to_none=True)
+        before.evaluate_actions(obs, torch.zeros(8))[0].sum().backward()
+        assert all(p.grad is None for p in critic.parameters())
+        while run.env_steps < 256:
+            run.train()
+        after = run.get_policy().module
+    for old, new in ((actor, after.encoder), (critic, after.critic_encoder)):
+        moved = [not torch.equal(a, b) for a, b in zip(old.parameters(), new.parameters())]
+        assert moved and all(moved), (algo, old)
+
+
+def test_a_recurrent_critic_with_an_encoder_of_its_own_reads_that_encoder_through_its_lstm():
+    config = get("ppo").config_cls(env="CartPole-v1", encoder="user_encoders:Tanh", encoder_kwargs={"width": 16},
+                                   share_encoder=False, lstm_size=8)
+    module = get("ppo").make_policy(config, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
+    h = module.features(torch.randn(8, 4))  # one step of both LSTMs from a zero memory
+    moved = lambda part: [p.grad is not None and bool(p.grad.any()) for p in part.parameters()]  # noqa: E731
+    # the LSTMs' outputs are concatenated: the other LSTM's gradient is 0, not None
+    module.critic_value(h).sum().backward(retain_graph=True)
+    assert not any(moved(module.encoder)) and all(moved(module.critic_encoder))
+    module.zero_grad(set_to_none=True)
+    module.heads(h, torch.zeros(8))[0].sum().backward()
+    assert all(moved(module.encoder)) and not any(moved(module.critic_encoder))
+
+
 def test_off_policy_critics_read_an_encoder_of_their_own_trained_by_the_critic_loss_only():
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.replay import Transitions

@@ -103,10 +103,12 @@ def test_trpo_step_respects_the_kl_bound(env):
     assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
 
 
-def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_on_its_features():
+@pytest.mark.parametrize("share_encoder", [True, False], ids=["shared", "own-critic-encoder"])
+def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_on_its_features(share_encoder):
     """With images the actor and the critic share the encoder. The natural-gradient step (the
     Fisher on every 4th state) moves it within the KL bound over the whole batch; the value
-    regression then fits the critic's head alone, so the policy moves by the bounded step only."""
+    regression then fits the critic's head alone, so the policy moves by the bounded step only.
+    With ``--no-share-encoder`` the value regression trains the critic's own encoder too."""
     from shoal.algos.trpo import TRPOConfig, TRPOLearner, mean_kl
     from shoal.envs import env_spaces
     from shoal.runner import EnvRunner
@@ -114,7 +116,7 @@ def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_o
 
     env = "MiniGrid-Empty-5x5-v0"
     config = TRPOConfig(env=env, max_kl=0.02, fisher_subsample=4, rollout_steps=32, num_envs_per_runner=4,
-                        torch_threads=1)
+                        torch_threads=1, share_encoder=share_encoder)
     store = WeightStore()
     learner = TRPOLearner(config, *env_spaces(env), store)
     learner.publish()
@@ -122,7 +124,8 @@ def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_o
     m = learner.policy
     obs = torch.as_tensor(rollout.obs.reshape(-1, *m.input_shape))
     assert m.cnn and obs.dtype == torch.uint8
-    encoder, critic = ([p.detach().clone() for p in part.parameters()] for part in (m.encoder, m.critic))
+    parts = (m.encoder, m.critic) if share_encoder else (m.encoder, m.critic, m.critic_encoder)
+    before_parts = [[p.detach().clone() for p in part.parameters()] for part in parts]
     with torch.no_grad():
         before = m.dist(obs)
     metrics = learner.learn([rollout])
@@ -131,8 +134,8 @@ def test_trpo_steps_a_convolutional_policy_within_the_bound_and_fits_the_value_o
     assert metrics["learner/step_accepted"] == 1.0
     assert 0 < kl <= config.max_kl
     assert kl == pytest.approx(metrics["learner/kl"], rel=1e-5)
-    assert all(not torch.equal(a, b) for a, b in zip(encoder, m.encoder.parameters()))
-    assert all(not torch.equal(a, b) for a, b in zip(critic, m.critic.parameters()))
+    for part, old in zip(parts, before_parts):
+        assert all(not torch.equal(a, b) for a, b in zip(old, part.parameters())), part
 
 
 def test_trpo_bounds_the_kl_of_the_whole_action():

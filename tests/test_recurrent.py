@@ -57,13 +57,18 @@ def test_episode_segments_lay_out_episodes_with_their_final_and_last_observation
     np.testing.assert_array_equal(first, [0, -1, 1, -1])
 
 
-@pytest.mark.parametrize("inference", ["local", "central"])
-def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny, inference):
+OWN_CRITIC_ENCODER = {"encoder": "user_encoders:Tanh", "encoder_kwargs": {"width": 8}, "share_encoder": False}
+
+
+@pytest.mark.parametrize("inference, sets", [("local", {}), ("central", {}), ("local", OWN_CRITIC_ENCODER)],
+                         ids=["local", "central", "own-critic-encoder"])
+def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny, inference, sets):
     """Log-probabilities, values, bootstrap values: the learner's sequences, cut at episode ends,
     started from the memory each rollout began with, give what the acting path gave. With
     central inference the runner holds its envs' memory and the server steps it, each runner's
-    rows from their own."""
-    config = tiny(lstm_size=16, num_envs_per_runner=4, rollout_steps=64, minibatch_size=128, inference=inference)
+    rows from their own. With a critic's own encoder each LSTM reads its own encoder's features."""
+    config = tiny(lstm_size=16, num_envs_per_runner=4, rollout_steps=64, minibatch_size=128, inference=inference,
+                  **sets)
     with shoal.make(config) as algo:
         learner, runner = algo.learner.obj, algo.runners[0].obj
         runner.sample(64)  # the next rollout starts mid-episode, with a memory
@@ -81,7 +86,7 @@ def test_the_learner_replays_what_the_runner_computed_step_by_step(tiny, inferen
                 for k, (tk, b) in enumerate(rollout.final_idx):
                     if tk == t:  # the final observation, seen with the memory of the episode's last step
                         memory = tuple(x[b: b + 1] for x in module.memory)
-                        h = module._lstm_step(module.encoder(torch.as_tensor(rollout.final_obs[k: k + 1])), memory)[0]
+                        h = module._lstm_step(module.encode(torch.as_tensor(rollout.final_obs[k: k + 1])), memory)[0]
                         finals[(t, b)] = float(module.critic_value(h)[0])
                 module.forget(done[t])
             for a, b in zip(module.memory, runner.policy.memory):  # the runner goes on from the same memory

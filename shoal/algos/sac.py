@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check, check_sde
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_encoder, polyak,
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak,
                              target_copy)
 from shoal.policy import EncoderSpec, PolicyModule, StateDependentNoise, mlp
 from shoal.replay import Transitions
@@ -206,7 +206,7 @@ class SACLearner(OffPolicyLearner):
     def make_critics(self, config: SACConfig) -> QCritics:
         """The twin critics (with an encoder of their own for images or --encoder)."""
         return QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
-                        discrete=self.discrete, encoder=critic_encoder(self.policy))
+                        discrete=self.discrete, encoder=self.policy.fresh_encoder())
 
     def init_temperature(self, config: SACConfig) -> None:
         """log alpha (learned unless config.alpha fixes it) and the entropy it aims for."""

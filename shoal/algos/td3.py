@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, critic_encoder, polyak,
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak,
                              target_copy)
 from shoal.policy import EncoderSpec, mlp
 from shoal.replay import Transitions
@@ -144,7 +144,7 @@ class TD3Learner(OffPolicyLearner):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
         dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
         self.critics = QCritics(2 if config.twin_critics else 1, *dims,
-                                encoder=critic_encoder(self.policy)).to(self.device)
+                                encoder=self.policy.fresh_encoder()).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
         self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.optimizer_eps,

@@ -10,7 +10,8 @@ natural-gradient step trains with the actor's weights; the value regression fits
 head on its features and leaves it alone, so the policy moves by the bounded step only.
 (sb3-contrib's TRPO ``CnnPolicy`` lets the value loss move the shared encoder too: on
 MiniGrid-Empty-5x5-v0 that moved the policy by a KL of 1.04 in the first iteration, 20 times
-the step's bound of 0.05, and by up to 0.03 later.)
+the step's bound of 0.05, and by up to 0.03 later.) With ``--no-share-encoder`` the critic has
+an encoder of its own, which the value regression trains with the critic's head.
 """
 
 from __future__ import annotations
@@ -125,10 +126,14 @@ class TRPOLearner(OnPolicyLearner):
     def __init__(self, config: TRPOConfig, obs_space, action_space, store, policy_id: str = "default"):
         super().__init__(config, obs_space, action_space, store, policy_id)
         m = self.policy
-        # the natural gradient's: all but the critic's head (the shared encoder's among them)
-        self.actor_params = [p for name, p in m.named_parameters() if not name.startswith("critic.")]
-        # the value function's: the critic's head, on the encoder's features as they are
-        self.optimizer = torch.optim.Adam(m.critic.parameters(), lr=config.lr, eps=config.optimizer_eps)
+        # the value function's: the critic's head, on the shared encoder's features as they are, or
+        # with the critic's own encoder
+        critic = [m.critic] if m.critic_encoder is None else [m.critic_encoder, m.critic]
+        self.critic_params = [p for module in critic for p in module.parameters()]
+        # the natural gradient's: the rest (the shared encoder's among them)
+        fitted = {id(p) for p in self.critic_params}
+        self.actor_params = [p for p in m.parameters() if id(p) not in fitted]
+        self.optimizer = torch.optim.Adam(self.critic_params, lr=config.lr, eps=config.optimizer_eps)
 
     def surrogate(self, obs: Tensor, actions: Tensor, old_logp: Tensor, adv: Tensor) -> Tensor:
         """E[pi(a|s) / pi_old(a|s) * A] plus the entropy bonus: what the step maximises."""
@@ -180,14 +185,18 @@ class TRPOLearner(OnPolicyLearner):
         metrics = self.policy_step(b["obs"], b["actions"], adv)
         lr = self.scheduled_lr(self.optimizer)
         losses = []
-        with torch.no_grad():  # the policy step's encoder: the value regression leaves it alone
-            features = m.encoder(b["obs"])
+        if m.critic_encoder is None:
+            with torch.no_grad():  # the policy step's encoder: the value regression leaves it alone
+                features = m.encoder(b["obs"])
+            value = lambda idx: m.critic(features[idx]).squeeze(-1)  # noqa: E731
+        else:
+            value = lambda idx: m.value(b["obs"][idx])  # noqa: E731
         for _ in range(c.vf_epochs):
             for idx, _ in self.minibatches(b, c.vf_minibatch_size):
-                loss = 0.5 * (m.critic(features[idx]).squeeze(-1) - b["ret"][idx]).pow(2).mean()
+                loss = 0.5 * (value(idx) - b["ret"][idx]).pow(2).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                clip_grad_norm(m.critic.parameters(), c.max_grad_norm)
+                clip_grad_norm(self.critic_params, c.max_grad_norm)
                 self.optimizer.step()
                 losses.append(loss.detach())
         self.merge_obs_stats(rollouts)
