@@ -659,8 +659,7 @@ class ActorCritic(PolicyModule):
         LSTM cell op on their weights (a one-step call of nn.LSTM cost 2.4x as much here)."""
         n, (h, c) = self.lstm_size, memory
         out = [torch.lstm_cell(self._lstm_input(f, i), (h[:, i * n:(i + 1) * n], c[:, i * n:(i + 1) * n]),
-                               lstm.weight_ih_l0,
-                               lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
+                               lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
                for i, lstm in enumerate(self.lstm)]
         return torch.cat([out[0][0], out[1][0]], 1), torch.cat([out[0][1], out[1][1]], 1)
 
@@ -770,7 +769,7 @@ class ActorCritic(PolicyModule):
 
     def evaluate(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Log-probability [N] and entropy [N] of ``actions``, and the state value [N]: the
-        learners' step, with one pass of a shared encoder (feed-forward policies)."""
+        learners' step, with one pass of each encoder (feed-forward policies)."""
         return self.heads(self.encode(x), actions, self.legal(x))
 
     def evaluate_actions(self, x: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
