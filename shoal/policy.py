@@ -598,9 +598,11 @@ class ActorCritic(PolicyModule):
         self.critic = mlp([head_in, *hidden, 1], act, out_gain=1.0)
         self.sde = (StateDependentNoise(self.actor[-1].in_features, self.action_dim, log_std_init, sde,
                                         learn_features=False) if sde is not None else None)
-        if not ortho_init:
+        if not ortho_init:  # (a user's --encoder keeps the initialisation its class gave it)
+            yours = {id(layer) for e in (self.encoder, self.critic_encoder) if isinstance(e, UserEncoder)
+                     for layer in e.modules()}
             for layer in self.modules():
-                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                if isinstance(layer, (nn.Linear, nn.Conv2d)) and id(layer) not in yours:
                     layer.reset_parameters()
         if self.nvec is not None:
             # The actor's flat outputs [N, sum(nvec)] are laid out as [N, k, max(nvec)], the slots

@@ -130,6 +130,20 @@ def test_a_recurrent_critic_with_an_encoder_of_its_own_reads_that_encoder_throug
     assert all(moved(module.encoder)) and not any(moved(module.critic_encoder))
 
 
+@pytest.mark.parametrize("ortho_init", [True, False])
+def test_your_encoders_initialisation_is_kept_with_or_without_orthogonal_init(ortho_init):
+    """--no-ortho-init (rl-zoo's gSDE presets set it) gives shoal's layers torch's default
+    initialisation; it reset the layers of your encoder too, whatever its class had done."""
+    config = get("ppo").config_cls(env="Pendulum-v1", encoder="user_encoders:HalfInit", ortho_init=ortho_init,
+                                   share_encoder=False)
+    module = get("ppo").make_policy(config, gym.spaces.Box(-1, 1, (3,), np.float32),
+                                    gym.spaces.Box(-1, 1, (1,), np.float32))
+    for encoder in (module.encoder, module.critic_encoder):
+        assert torch.equal(encoder.module.net[0].weight, torch.full((64, 3), 0.5))
+    # shoal's own layers: the actor's last orthogonal with gain 0.01, or torch's U(-1/8, 1/8) on 64 inputs
+    assert bool(module.actor[-1].weight.abs().max() > 0.05) != ortho_init
+
+
 def test_off_policy_critics_read_an_encoder_of_their_own_trained_by_the_critic_loss_only():
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.replay import Transitions
