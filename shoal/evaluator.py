@@ -364,7 +364,8 @@ class Evaluator:
         set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
         self.options = EnvOptions.of(config)  # the run's frame stack and mask source: its policy's observations
-        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs, self.options))
+        self.policy = spec_for(config).make_policy(config, *env_spaces(config.env, config.env_kwargs,
+                                                                       self.options)).eval()  # as a runner's
         self.version = -1
         self.envs: dict[int, VectorEnv] = {}  # by episode count, built once: Box2D envs are slow to make
 

@@ -30,7 +30,7 @@ class InferenceServer:
         set_up_torch(config.torch_threads)
         self.config, self.store, self.policy_id = config, store, policy_id
         self.device = devices.resolve(config.device)
-        self.policy = spec_for(config).make_policy(config, obs_space, action_space).to(self.device)
+        self.policy = spec_for(config).make_policy(config, obs_space, action_space).to(self.device).eval()  # a runner's
         self.version = -1
         self.generator = devices.generator(self.device, config.seed + 7_000_000 + server_id)
         self._batched = batched(max_batch, max_wait_ms)(self._explore_batch)

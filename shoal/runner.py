@@ -109,8 +109,10 @@ class EnvRunner:
         self.env = make_vector_env(config.env, config.num_envs_per_runner, config.env_kwargs,
                                    EnvOptions.of(config))
         self.device = devices.resolve(config.runner_device, "--runner-device")  # where the policy copy acts
+        # in eval mode, as every copy that acts (SB3's rollouts too): an --encoder's dropout is off and
+        # its batch norm reads the statistics the learner publishes, whatever the number of envs
         self.policy = spec_for(config).make_policy(
-            config, self.env.single_observation_space, self.env.single_action_space).to(self.device)
+            config, self.env.single_observation_space, self.env.single_action_space).to(self.device).eval()
         self.policy.reset_memory(self.env.num_envs)
         self.version = -1
         # Distinct streams per runner, fixed per seed; a restarted runner (incarnation > 0) draws

@@ -144,6 +144,31 @@ def test_your_encoders_initialisation_is_kept_with_or_without_orthogonal_init(or
     assert bool(module.actor[-1].weight.abs().max() > 0.05) != ortho_init
 
 
+@pytest.mark.parametrize("inference", ["local", "central"])
+def test_copies_that_act_are_in_eval_mode_so_your_batch_norm_acts_on_one_env(tmp_path, inference):
+    """Runners, the evaluator and central inference servers act in eval mode (as SB3's rollouts):
+    an --encoder's batch norm reads the running statistics the learner publishes, and its dropout
+    is off. In train mode a runner of one env failed at its first step (batch norm cannot
+    normalise one row by its own statistics)."""
+    config = shoal.make_config("ppo", "CartPole-v1", encoder="user_encoders:BatchNormed", num_envs_per_runner=1,
+                               rollout_steps=32, minibatch_size=32, total_steps=128, eval_episodes=1,
+                               inference=inference, progress=False, tensorboard=False)
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["env_steps"] == 128
+    with shoal.make(config) as run:
+        run.train()
+        learner = run.learner.obj
+        if inference == "central":  # the server acts for the runners
+            acts = run.inference[0].obj
+            acts._sync()  # what it does before each batch
+        else:
+            acts = run.runners[0].obj
+            acts.sync_weights()  # what it does before each rollout
+        assert not acts.policy.training and learner.policy.training
+        learned, acting = (r.policy.encoder.module.net[1].running_mean for r in (learner, acts))
+        assert learned.abs().sum() > 0 and torch.equal(learned, acting)  # the learner's statistics, published
+
+
 def test_off_policy_critics_read_an_encoder_of_their_own_trained_by_the_critic_loss_only():
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.replay import Transitions

@@ -71,3 +71,14 @@ class HalfInit(Tanh):
         super().__init__(input_space, width)
         nn.init.constant_(self.net[0].weight, 0.5)
         nn.init.zeros_(self.net[0].bias)
+
+
+class BatchNormed(nn.Module):
+    """A linear layer, batch norm and tanh: batch norm in train mode cannot take one row."""
+
+    def __init__(self, input_space, width: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(input_space.shape[0], width), nn.BatchNorm1d(width), nn.Tanh())
+
+    def forward(self, x):
+        return self.net(x)
