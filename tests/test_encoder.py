@@ -117,6 +117,8 @@ def test_an_on_policy_critic_with_an_encoder_of_its_own_is_trained_by_the_value_
 
 
 def test_a_recurrent_critic_with_an_encoder_of_its_own_reads_that_encoder_through_its_lstm():
+    """Each LSTM reads its own encoder's half of the features: the critic's value trains the
+    critic's encoder alone, the actor's log-probabilities the actor's."""
     config = get("ppo").config_cls(env="CartPole-v1", encoder="user_encoders:Tanh", encoder_kwargs={"width": 16},
                                    share_encoder=False, lstm_size=8)
     module = get("ppo").make_policy(config, gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2))
