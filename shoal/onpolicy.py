@@ -19,7 +19,7 @@ from torch import Tensor
 from shoal import devices
 from shoal.config import Config, _check, check_sde
 from shoal.learner import Learner, clip_grad_norm, read_metrics
-from shoal.policy import ActorCritic, EncoderSpec, RunningNorm
+from shoal.policy import ActorCritic, EncoderSpec, RunningNorm, eval_mode
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
 
@@ -198,7 +198,8 @@ class OnPolicyLearner(Learner):
 
     def stack(self, rollouts: list[Rollout]) -> dict[str, Tensor]:
         """The rollouts side by side, with V(s_t) [T, B] and V(s_{t+1}) [T, B] from the current
-        critic (0 after termination; the true final observation's value after truncation)."""
+        critic (0 after termination; the true final observation's value after truncation), in eval
+        mode as the runners act (SB3 computes them in its rollouts)."""
         m = self.policy
         host = lambda name: np.concatenate([getattr(r, name) for r in rollouts], axis=1)  # noqa: E731
         obs, actions, logp = self.tensor(host("obs")), self.tensor(host("actions")), self.tensor(host("logp"))
@@ -214,10 +215,11 @@ class OnPolicyLearner(Learner):
         seq = {}
         if m.recurrent:
             ends = ended[0] | ended[1]  # on the host: the sequences are laid out by it
-            values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, ends, last_obs, final_obs,
-                                                                         final_idx)
+            with eval_mode(m):
+                values, last_value, final_value, seq = self.recurrent_values(rollouts, obs, ends, last_obs,
+                                                                             final_obs, final_idx)
         else:
-            with torch.no_grad():  # one forward for every value the estimators need
+            with torch.no_grad(), eval_mode(m):  # one forward for every value the estimators need
                 v = m.value(torch.cat([obs.reshape(T * B, *obs.shape[2:]), last_obs, final_obs]))
             values, last_value, final_value = v[: T * B].reshape(T, B), v[T * B: T * B + B], v[T * B + B:]
         return {"obs": obs, "actions": actions, "logp": logp, "rewards": rewards, "values": values,
@@ -385,7 +387,7 @@ class VTraceLearner(OnPolicyLearner):
         flat = lambda x: x.reshape(T * B, *x.shape[2:])
         obs, actions = flat(s["obs"]), flat(s["actions"])
         seq = {"ends": s["ends"], "memory": s["memory"]} if "memory" in s else {}
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(m):  # the target policy, as the runners act
             if seq:
                 target_logp = self.evaluate({"obs": obs, "actions": actions, **seq})[0].reshape(T, B)
             else:

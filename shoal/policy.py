@@ -6,9 +6,10 @@ rule travel together as one state dict. The learner (which owns optimisers) is s
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -257,6 +258,19 @@ class UserEncoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.module(x.float() / 255.0 if self.image else x)
+
+
+@contextlib.contextmanager
+def eval_mode(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode within the block (an --encoder's dropout off, its batch norm on the
+    running statistics), then each of its layers in the mode it was in."""
+    modes = [(layer, layer.training) for layer in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for layer, training in modes:
+            layer.training = training
 
 
 def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Sequential:

@@ -171,6 +171,28 @@ def test_copies_that_act_are_in_eval_mode_so_your_batch_norm_acts_on_one_env(tmp
         assert learned.abs().sum() > 0 and torch.equal(learned, acting)  # the learner's statistics, published
 
 
+@pytest.mark.parametrize("algo", ["ppo", "appo"])
+def test_a_learner_estimates_from_values_and_log_probabilities_in_eval_mode(algo):
+    """The values GAE and V-trace read, and V-trace's target log-probabilities, come from the
+    network in eval mode, as the runners act (SB3 computes values in its rollouts): a dropout in
+    your encoder does not draw noise into them. Training goes on in train mode."""
+    from shoal.policy import eval_mode
+
+    config = get(algo).config_cls(env="CartPole-v1", encoder="user_encoders:Dropped", **ON_POLICY, **QUICK,
+                                  **({"minibatch_size": 32} if algo == "ppo" else {}))
+    with shoal.make(config) as run:
+        learner, runner = run.learner.obj, run.runners[0].obj
+        rollout = runner.sample(16)
+        m = learner.policy
+        obs = torch.as_tensor(rollout.obs.reshape(64, 4))
+        batch = learner.vtrace_batch([rollout]) if algo == "appo" else learner.stack([rollout])
+        assert m.training and m.encoder.module.net[2].training  # back in train mode
+        with torch.no_grad(), eval_mode(m):
+            torch.testing.assert_close(batch["values"].reshape(-1), m.value(obs))
+            if algo == "appo":
+                torch.testing.assert_close(batch["logp"], m.evaluate_actions(obs, batch["actions"])[0])
+
+
 def test_off_policy_critics_read_an_encoder_of_their_own_trained_by_the_critic_loss_only():
     from shoal.algos.sac import SACConfig, SACLearner
     from shoal.replay import Transitions

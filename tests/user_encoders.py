@@ -82,3 +82,14 @@ class BatchNormed(nn.Module):
 
     def forward(self, x):
         return self.net(x)
+
+
+class Dropped(nn.Module):
+    """A linear layer, tanh and dropout of half the features."""
+
+    def __init__(self, input_space, width: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(input_space.shape[0], width), nn.Tanh(), nn.Dropout(0.5))
+
+    def forward(self, x):
+        return self.net(x)
