@@ -70,8 +70,9 @@ class OnPolicyConfig(Config):
     baselines; off: torch's default (SB3's ortho_init=False, which rl-zoo's gSDE settings use)."""
     share_encoder: bool = True
     """The actor and the critic share the encoder of images (or of --encoder), which the value
-    loss trains too; off: the critic has one of its own (SB3's share_features_extractor=False),
-    at a second encoder pass per learner sample. For images or --encoder only."""
+    loss trains too (TRPO's: the policy step alone); off: the critic has one of its own, which the
+    value loss trains (SB3's share_features_extractor=False), at a second encoder pass per learner
+    sample. For images or --encoder only."""
     lstm_size: int = 0
     """Units of an LSTM between the encoder and the actor and critic MLPs, which then remember
     across an episode's steps (0: a feed-forward policy). ppo, a2c, impala and appo; each env's
