@@ -257,7 +257,7 @@ class Algorithm:
         c, get = self.config, self.backend.get
         summaries = get([r.call("sample_into_replay", c.steps_per_rollout, 0.0) for r in self.runners])
         steps = sum(s.env_steps for s in summaries)
-        result = get(self.learner.call("train_for", None, self.env_steps + steps))
+        result = get(self.learner.call("train_for", None, self.env_steps + steps, summaries if c.normalize_obs else []))
         return UpdateResult(result.metrics, result.version, steps,
                             [x for s in summaries for x in s.episode_returns],
                             [x for s in summaries for x in s.episode_lengths],
@@ -271,7 +271,7 @@ class Algorithm:
                 self.inflight[i] = runner.call("sample_into_replay", c.steps_per_rollout)
         if self.learner_future is None:
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps)
-        steps, returns, lengths, lags, infos = 0, [], [], [], []
+        steps, returns, lengths, lags, infos, summaries = 0, [], [], [], [], []
         while True:
             ids = list(self.inflight)
             k = self.backend.wait_any([self.inflight[i] for i in ids] + [self.learner_future])
@@ -289,12 +289,14 @@ class Algorithm:
                 returns += summary.episode_returns
                 lengths += summary.episode_lengths
                 infos.append(summary.episode_infos)
+                summaries.append(summary)
                 if summary.env_steps:
                     lags.append(self.policy_version - summary.policy_version)
                 self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                 continue
             result = get(self.learner_future)
-            self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps)
+            self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps,
+                                                    summaries if c.normalize_obs else [])  # for the normaliser
             metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
             return UpdateResult(metrics, result.version, steps, returns, lengths, merge_infos(infos))
 

@@ -3,9 +3,10 @@
 With ``--inference central`` runners hold no weights: each env step they send their raw
 observations to an inference server, which gathers the requests of every runner that arrives
 within ``max_wait_ms`` (``@shoal.batched``) into one forward pass with the newest published
-weights, and returns network inputs, actions, log-probabilities and the version used. On the
-ray backend it is a threaded actor, so calls from several runners are in flight at once. Its
-forward passes run on the learner's ``--device`` (SEED RL's inference on the accelerator).
+weights, and returns the observations as rollouts hold them (network inputs), actions,
+log-probabilities and the version used. On the ray backend it is a threaded actor, so calls from
+several runners are in flight at once. Its forward passes run on the learner's ``--device`` (SEED
+RL's inference on the accelerator).
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ class InferenceServer:
         m = self.policy
         sizes = [len(obs) for obs, _ in requests]
         # concatenate copies: writable
-        x = m.normalize(torch.as_tensor(np.concatenate([obs for obs, _ in requests]), device=self.device))
+        x = m.inputs(torch.as_tensor(np.concatenate([obs for obs, _ in requests]), device=self.device))
         if m.recurrent:  # the acting path steps the module's memory: set to the runners', then read back
             m.memory = tuple(torch.as_tensor(np.concatenate([mem[i] for _, mem in requests]), device=self.device)
                              for i in (0, 1))
-        a, logp = m.explore(x, self.generator)
+        a, logp = m.explore(m.network_inputs(x), self.generator)
         bounds = np.cumsum([0, *sizes])
         x, a, logp = x.cpu().numpy(), a.cpu().numpy(), logp.cpu().numpy()
         self.batches += 1
@@ -75,9 +76,10 @@ class InferenceServer:
 
     @torch.no_grad()
     def normalize(self, obs: np.ndarray) -> np.ndarray:
-        """Network inputs for raw observations, with the current normaliser."""
+        """What a rollout holds for raw observations (network inputs, with the current normaliser
+        unless the learner applies it: ``PolicyModule.inputs``)."""
         self._sync()
-        return self.policy.normalize(torch.tensor(obs, device=self.device)).cpu().numpy()
+        return self.policy.inputs(torch.tensor(obs, device=self.device)).cpu().numpy()
 
     def stats(self) -> dict[str, Any]:
         """Requests served and forward passes made (their ratio is the mean batch)."""

@@ -101,6 +101,11 @@ class OffPolicyConfig(Config):
     her_strategy: Literal["future", "final", "episode"] = "future"
     """The goals --her-goals substitutes: one achieved at that step or later in the episode
     (future), at its last step (final), or at any of its steps (episode)."""
+    normalize_obs: bool = False
+    """Normalise vector observations by a running mean/std (kept in the policy and its
+    checkpoints), as stable-baselines3's VecNormalize(norm_obs=True) with an off-policy algorithm
+    (rl-zoo's `normalize` for HER's FetchReach): replay keeps observations as the env gave them,
+    and each sampled batch is normalised with the statistics of its update."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -319,6 +324,11 @@ class ScaledActions(PolicyModule):
         return torch.rand((n, self.action_dim), generator=generator, device=self.low.device) * 2 - 1
 
 
+def observations_normalized(config: OffPolicyConfig, policy: PolicyModule) -> PolicyModule:
+    """``policy``, normalising observations in the learner where the config says (``normalize_obs``)."""
+    return policy.normalize_in_learner() if config.normalize_obs else policy
+
+
 def min_size_to_sample(config: OffPolicyConfig, shards: int = 1) -> int:
     """Transitions a shard holds before the learner samples it: learning_starts split between the
     shards, and at least a batch."""
@@ -411,6 +421,9 @@ class OffPolicyLearner(Learner):
             if got is None:
                 break
             shard, batch = got[0], got[1].to(self.device)
+            if self.policy.learner_normalizes:  # replay holds raw observations: normalise with today's statistics
+                m = self.policy
+                batch = batch._replace(obs=m.network_inputs(batch.obs), next_obs=m.network_inputs(batch.next_obs))
             metrics, td = self.train_batch(batch)
             if td is not None:
                 self.replay.update_priorities(shard, batch.indices, td.cpu().numpy())
@@ -424,16 +437,20 @@ class OffPolicyLearner(Learner):
         return read_metrics(out)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
+        self.merge_obs_stats(rollouts)
         for r in rollouts:
             self.replay.add_rollout(r)
         return self._train(self.env_steps + sum(r.env_steps for r in rollouts), None)
 
-    def train_for(self, max_updates: int | None, env_steps: int) -> UpdateResult:
+    def train_for(self, max_updates: int | None, env_steps: int, summaries: list[Any] = ()) -> UpdateResult:
         """Ape-X's learner step: up to ``max_updates`` updates (None: while the shards allow),
-        then publish, unless nothing changed (no update, the same exploration buffers): runners
-        then keep the weights they hold instead of fetching the same ones as a new version."""
+        then publish, unless nothing changed (no update, the same exploration buffers, the same
+        normaliser): runners then keep the weights they hold instead of fetching the same ones as
+        a new version. ``summaries``: the runners' rollouts since the last call
+        (:class:`shoal.runner.RolloutSummary`), whose observation statistics the normaliser merges."""
         self.env_steps = env_steps
         exploration = [b.clone() for b in self.policy.buffers()]
+        self.merge_obs_stats(summaries)
         metrics = self._train(env_steps, max_updates)
         check_losses(metrics, self.version + 1, env_steps, self.config.lr)
         self.report_cpu_wait(metrics)

@@ -374,6 +374,10 @@ class PolicyModule(nn.Module):
     """Whether ``hidden_sizes`` and ``activation`` make layers after shoal's convolutional encoder
     (SAC's, TD3's and DDPG's MLPs do); False where linear heads read its features."""
 
+    learner_normalizes = False
+    """Whether rollouts and replay hold the observations before the normaliser, which the learner
+    applies to each batch with the statistics of that update (:meth:`normalize_in_learner`)."""
+
     def __init__(self, obs_space: gym.Space, action_space: gym.Space, normalize_obs: bool = False,
                  images: bool = False, encoder: EncoderSpec | None = None):
         super().__init__()
@@ -479,6 +483,34 @@ class PolicyModule(nn.Module):
         if self.obs_norm is None:
             return obs
         return self._mask_as_given(self.obs_norm(obs), obs)
+
+    def normalize_in_learner(self) -> PolicyModule:
+        """Normalise vector observations by a running mean/std (``--normalize-obs`` of the
+        replay-based algorithms), and return the module. Runners act on normalised observations,
+        but rollouts and replay hold them as the env gave them (:meth:`inputs`), and the learner
+        normalises each sampled batch with the statistics of the moment (:meth:`network_inputs`),
+        as stable-baselines3's VecNormalize does for an off-policy algorithm: a transition stored
+        early is not read with the statistics of its day forever after."""
+        if self.image or self.mixed:
+            raise ShoalError(f"--normalize-obs is for vector observations ({self.obs_space}): the network scales "
+                             "images to [0, 1], and a Dict of images and vectors trains normalised with the "
+                             "on-policy algorithms")
+        self.obs_norm = RunningNorm((self.obs_dim,))
+        self.learner_normalizes = True
+        return self
+
+    def inputs(self, obs: Tensor) -> Tensor:
+        """Raw observations [N, *obs_shape] -> what rollouts and replay hold: the network input
+        (:meth:`normalize`), or with :attr:`learner_normalizes` the flat vector before the normaliser."""
+        if not self.learner_normalizes:
+            return self.normalize(obs)
+        return obs.reshape(obs.shape[0], math.prod(obs.shape[1:])).float()
+
+    def network_inputs(self, x: Tensor) -> Tensor:
+        """What rollouts and replay hold (:meth:`inputs`) -> what the networks take."""
+        if not self.learner_normalizes:
+            return x
+        return self._mask_as_given(self.obs_norm(x), x)  # type: ignore[misc]
 
     def _mask_as_given(self, x: Tensor, obs: Tensor) -> Tensor:
         """Normalised entries ``x`` with the action mask (their last ``mask_dim``) as it is in ``obs``

@@ -24,7 +24,7 @@ from shoal.policy import Moments, non_finite_rows, set_up_torch, set_weights
 class Rollout:
     """T steps of B envs, as the behaviour policy saw them. Shapes in brackets."""
 
-    obs: np.ndarray  # [T, B, *input_shape] network input (normalised when the policy normalises)
+    obs: np.ndarray  # [T, B, *input_shape] PolicyModule.inputs (normalised, unless the learner normalises)
     actions: np.ndarray  # [T, B] or [T, B, act_dim]: as sampled, before clipping
     logp: np.ndarray  # [T, B] behaviour log-probability of ``actions``
     rewards: np.ndarray  # [T, B]
@@ -57,6 +57,7 @@ class RolloutSummary(NamedTuple):
     episode_lengths: list[int]
     policy_version: int
     episode_infos: dict[str, list[float]] = {}
+    obs_moments: Moments | None = None  # raw-observation moments, for the learner's normaliser
 
 
 def merge_infos(parts: Any) -> dict[str, list[float]]:
@@ -184,9 +185,9 @@ class EnvRunner:
                 env_a = m.to_env(a)
                 obs[t], logp[t] = xn_np, logp_np
             else:
-                xn = m.normalize(self._upload(self.obs))
+                xn = m.inputs(self._upload(self.obs))
                 try:
-                    a, logp_t = m.explore(xn, self.generator)
+                    a, logp_t = m.explore(m.network_inputs(xn), self.generator)
                 except Exception as e:  # a NaN in the weights fails sampling (torch.multinomial) here
                     self._raise_if_diverged(self.obs, error=e)
                     raise
@@ -235,8 +236,8 @@ class EnvRunner:
             last_obs, final_obs = self._central_normalize(final, B)
             self.version = min(versions)
         else:
-            last_obs = m.normalize(self._upload(self.obs)).cpu().numpy()
-            final_obs = (m.normalize(self._upload(final)).cpu().numpy() if len(final)
+            last_obs = m.inputs(self._upload(self.obs)).cpu().numpy()
+            final_obs = (m.inputs(self._upload(final)).cpu().numpy() if len(final)
                          else np.empty((0, *m.input_shape), m.input_dtype))
         return Rollout(
             obs=obs, actions=actions, logp=logp, rewards=rewards,
@@ -375,7 +376,9 @@ class EnvRunner:
         batch = self.nstep(r)
         priorities = None
         if self.config.prioritized:
-            p = self.policy.initial_priorities(*(self._upload(x) for x in batch))
+            m = self.policy
+            obs, actions, rewards, next_obs, discounts = (self._upload(x) for x in batch)
+            p = m.initial_priorities(m.network_inputs(obs), actions, rewards, m.network_inputs(next_obs), discounts)
             priorities = None if p is None else p.cpu().numpy()
         if getattr(self.config, "compress_observations", False):  # here, not in the shard all runners share
             from shoal.replay import compress_rows
@@ -383,7 +386,8 @@ class EnvRunner:
             obs, actions, rewards, next_obs, discounts = batch
             batch = (compress_rows(obs), actions, rewards, compress_rows(next_obs), discounts)
         self.replay.resolve(self.replay.call("add", *batch, priorities))
-        return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version, r.episode_infos)
+        return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version, r.episode_infos,
+                              r.obs_moments)
 
     def get_state(self) -> bytes:
         """Everything needed to continue exactly: envs mid-episode, RNG, episode accumulators."""

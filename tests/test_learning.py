@@ -156,6 +156,19 @@ def test_continuous_control_reaches_its_return_on_pendulum(algo, threshold, budg
     assert summary["best_eval_return"] >= threshold, summary
 
 
+def test_sac_with_normalised_observations_solves_pendulum_seen_far_from_the_origin(tmp_path):
+    """--normalize-obs of the replay-based algorithms: Pendulum-v1's observations moved to [100,
+    1000] (Gymnasium's RescaleObservation: cos and sin of the angle in [100, 1000], the velocity
+    too). Seed 0 with 64x64 networks evaluated -157 at 3k steps (18 s here); the same run without
+    the normaliser evaluated -1,035 at best through 6k steps, and with the learner reading replay's
+    raw rows (the normaliser kept, but not applied to the batches) this test fails too."""
+    config = offpolicy("sac", "Pendulum-v1", seed=0, stop_return=-200, eval_interval=1000, total_steps=4000,
+                       hidden_sizes=(64, 64), normalize_obs=True,
+                       env_wrappers=[("gymnasium.wrappers:RescaleObservation", {"min_obs": 100.0, "max_obs": 1000.0})])
+    summary = shoal.train(config, run_dir=tmp_path)
+    assert summary["best_eval_return"] >= -200, summary
+
+
 @pytest.mark.slow
 def test_sac_with_gsde_reaches_minus_200_on_pendulum(tmp_path):
     """gSDE's noise (held per env for each rollout, from the features) in place of SAC's

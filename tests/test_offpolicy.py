@@ -266,8 +266,9 @@ def test_epsilon_schedule():
     (TD3Config, "PixelReach-v0", {"buffer_size": 1000}),
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
-    (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2}),  # quantile critics, priorities
-    (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True}),
+    (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2,  # quantile critics, priorities
+                                "normalize_obs": True}),  # the normaliser's statistics
+    (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True, "normalize_obs": True}),
     (DQNConfig, "CartPole-v1", {"noisy": True, "n_step": 2}),  # noise from the learner's and runners' generators
     (DQNConfig, "CartPole-v1", {"num_atoms": 11, "v_min": 0.0, "v_max": 20.0, "prioritized": True}),  # C51
 ])
@@ -513,3 +514,62 @@ def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer
         assert metrics["learner/lr"] == pytest.approx(expected) and metrics["learner/updates"] > 0
         assert [group["lr"] for o in optimizers for group in o.param_groups] == pytest.approx(
             [expected] * sum(len(o.param_groups) for o in optimizers))
+
+
+@pytest.mark.parametrize("cls, env, extra", [
+    (SACConfig, "Pendulum-v1", {}),
+    (TD3Config, "Pendulum-v1", {"inference": "central"}),  # the server returns the rows as rollouts hold them
+    (DQNConfig, "CartPole-v1", {"apex": True, "prioritized": True}),  # the statistics come with the summaries
+])
+def test_off_policy_normalize_obs_keeps_replay_raw_and_normalises_each_batch_with_its_updates_statistics(cls, env,
+                                                                                                       extra):
+    """--normalize-obs of the replay-based algorithms, as SB3's VecNormalize with them: replay
+    holds observations as the env gave them, and the learner normalises each sampled batch with
+    the running statistics of that update, which count every env step; runners act on
+    normalised observations with the statistics published with the weights."""
+    config = cls(env=env, normalize_obs=True, hidden_sizes=(16,), batch_size=16, learning_starts=32,
+                 rollout_steps=8, num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False,
+                 eval_interval=0, **extra)
+    with shoal.make(config) as algo:
+        learner, runner = algo.learner.obj, algo.runners[0].obj
+        norm = learner.policy.obs_norm
+        seen, priorities = [], []
+        train_batch = learner.train_batch
+        learner.train_batch = lambda batch: (seen.append((batch, norm.mean.clone(), norm.var.clone())),
+                                             train_batch(batch))[1]
+        server = algo.inference[0].obj if algo.inference else None
+        acting = server.policy if server else runner.policy  # the copy that acts: its inputs and what it acts on
+        acted, inputs, explore = [], acting.inputs, acting.explore
+        acting.inputs = lambda obs: acted.append([inputs(obs)]) or acted[-1][0]
+        acting.explore = lambda x, g: (acted[-1].append((x, acting.obs_norm.mean.clone(), acting.obs_norm.var.clone())),
+                                       explore(x, g))[1]
+        if config.apex:  # the rows a runner's initial priorities read, and the rows it stores
+            nstep, initial = runner.nstep, runner.policy.initial_priorities
+            runner.nstep = lambda r: priorities.append([nstep(r)]) or priorities[-1][0]
+            runner.policy.initial_priorities = lambda obs, *rest: (
+                priorities[-1].append((obs, acting.obs_norm.mean.clone(), acting.obs_norm.var.clone())),
+                initial(obs, *rest))[1]
+        for _ in range(12):
+            algo.train()
+        assert float(norm.count) == pytest.approx(algo.env_steps, abs=1e-3) and len(seen) > 0
+        stored = learner.replay.shards[0].obj.obs
+        for batch, mean, var in seen:
+            raw = torch.as_tensor(stored[batch.indices])
+            torch.testing.assert_close(batch.obs, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10).float())
+            if env == "Pendulum-v1":  # cos and sin of the angle, as the env gave them
+                torch.testing.assert_close(raw[:, 0] ** 2 + raw[:, 1] ** 2, torch.ones(len(raw)))
+        # the acting copy (a runner's, or the inference server's) acts on normalised observations,
+        # with the learner's statistics, published with the weights
+        acts = [call for call in acted if len(call) == 2]
+        assert len(acts) >= 12
+        for raw, (x, mean, var) in acts[-3:]:
+            torch.testing.assert_close(x, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10).float())
+        server._sync() if server else runner.sync_weights()
+        assert torch.equal(acting.obs_norm.mean, norm.mean) and float(norm.var.min()) < 0.5
+        for (raw, *_), (given, mean, var) in priorities[-3:]:
+            torch.testing.assert_close(given, ((torch.as_tensor(raw) - mean) / torch.sqrt(var + 1e-8)).float())
+
+
+def test_off_policy_normalize_obs_is_refused_for_images_in_one_line():
+    with pytest.raises(shoal.ShoalError, match="^--normalize-obs is for vector observations"):
+        shoal.make(SACConfig(env="PixelReach-v0", normalize_obs=True, progress=False, tensorboard=False))

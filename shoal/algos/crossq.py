@@ -25,7 +25,7 @@ from shoal.algos import AlgoSpec, register
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.config import _check
 from shoal.errors import ShoalError
-from shoal.offpolicy import OffPolicyLearner, QCritics
+from shoal.offpolicy import OffPolicyLearner, QCritics, observations_normalized
 from shoal.policy import EncoderSpec, is_image
 from shoal.replay import Transitions
 
@@ -170,7 +170,7 @@ def make_policy(config: CrossQConfig, obs_space, action_space) -> RenormActor:
     if is_image(obs_space) or getattr(obs_space, "images", ()) or EncoderSpec.of(config) is not None:
         raise ShoalError(f"crossq takes vector observations through its own networks ({obs_space}"
                          f"{', --encoder' if EncoderSpec.of(config) else ''}): images and --encoder train with sac")
-    return RenormActor(config, obs_space, action_space)
+    return observations_normalized(config, RenormActor(config, obs_space, action_space))
 
 
 class CrossQLearner(SACLearner):

@@ -21,7 +21,7 @@ from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
 from shoal.learner import clip_grad_norm
-from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, polyak, target_copy
+from shoal.offpolicy import OffPolicyConfig, OffPolicyLearner, observations_normalized, polyak, target_copy
 from shoal.policy import EncoderSpec, PolicyModule, mlp
 from shoal.replay import Transitions
 
@@ -293,10 +293,10 @@ def categorical_targets(probs: Tensor, rewards: Tensor, discounts: Tensor, suppo
 
 def make_policy(config: DQNConfig, obs_space, action_space, quantiles: int = 1) -> QNetwork:
     """The Q-network DQN trains and runners act with (QR-DQN's, with its ``quantiles``)."""
-    return QNetwork(obs_space, action_space, config.hidden_sizes, config.activation, config.dueling,
-                    EncoderSpec.of(config), quantiles=quantiles,
-                    noisy_sigma0=config.noisy_sigma0 if config.noisy else None,
-                    atoms=(config.num_atoms, config.v_min, config.v_max))
+    return observations_normalized(config, QNetwork(
+        obs_space, action_space, config.hidden_sizes, config.activation, config.dueling, EncoderSpec.of(config),
+        quantiles=quantiles, noisy_sigma0=config.noisy_sigma0 if config.noisy else None,
+        atoms=(config.num_atoms, config.v_min, config.v_max)))
 
 
 class DQNLearner(OffPolicyLearner):

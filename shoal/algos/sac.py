@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check, check_sde
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak,
-                             target_copy)
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, observations_normalized,
+                             polyak, target_copy)
 from shoal.policy import EncoderSpec, PolicyModule, StateDependentNoise, mlp
 from shoal.replay import Transitions
 
@@ -176,11 +176,11 @@ def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
     if isinstance(action_space, gym.spaces.Discrete):
         if config.use_sde:
             raise ShoalError("--use-sde explores continuous actions: it takes Box actions, not Discrete ones")
-        return CategoricalActor(obs_space, action_space, config.hidden_sizes, config.activation,
-                                EncoderSpec.of(config))
+        return observations_normalized(config, CategoricalActor(obs_space, action_space, config.hidden_sizes,
+                                                                config.activation, EncoderSpec.of(config)))
     sde = (config.log_std_init, config.sde_sample_freq) if config.use_sde else None
-    return SquashedGaussianActor(obs_space, action_space, config.hidden_sizes, config.activation, sde,
-                                 EncoderSpec.of(config))
+    return observations_normalized(config, SquashedGaussianActor(obs_space, action_space, config.hidden_sizes,
+                                                                 config.activation, sde, EncoderSpec.of(config)))
 
 
 class SACLearner(OffPolicyLearner):

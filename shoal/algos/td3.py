@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
-from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, polyak,
-                             target_copy)
+from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, observations_normalized,
+                             polyak, target_copy)
 from shoal.policy import EncoderSpec, mlp
 from shoal.replay import Transitions
 
@@ -132,8 +132,9 @@ def make_policy(config: TD3Config, obs_space, action_space) -> DeterministicActo
     if isinstance(action_space, gym.spaces.Discrete):
         raise ShoalError(f"{config.algo} needs continuous (Box) actions; use dqn, sac or ppo for discrete ones")
     ou = (config.ou_theta, config.ou_dt) if config.noise_type == "ornstein-uhlenbeck" else None
-    return DeterministicActor(obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise, ou,
-                              EncoderSpec.of(config))
+    return observations_normalized(config, DeterministicActor(
+        obs_space, action_space, config.hidden_sizes, config.activation, config.action_noise, ou,
+        EncoderSpec.of(config)))
 
 
 class TD3Learner(OffPolicyLearner):
