@@ -386,6 +386,8 @@ def peer_hint(cls: type, name: str, flags: bool = False) -> str | None:
         return None
     spell = (lambda n: "--" + n.replace("_", "-")) if flags else (lambda n: n)  # noqa: E731
     ours, note = ours_here[0]
+    if not set(re.findall(r"\{(\w+)\}", note)) <= set(field_names(cls)):  # about a setting this algorithm lacks
+        note = ""
     return f"{whose} {key}: shoal calls it {spell(ours)}" + re.sub(r"\{(\w+)\}", lambda m: spell(m[1]), note)
 
 
