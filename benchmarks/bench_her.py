@@ -20,8 +20,8 @@ Two figures, as ratios of shoal to SB3 measured in the same run:
 ``--normalize`` normalises observations on both sides, as rl-zoo's her.yml does: shoal's
 ``--normalize-obs`` (replay keeps them raw, the learner normalises each batch with the running
 statistics of its update) against SB3's VecNormalize(norm_obs=True, norm_reward=False), whose
-replay buffer does the same. rl-zoo's ``normalize: true`` also scales rewards; shoal's off-policy
-algorithms have no reward half, so neither side scales them here.
+replay buffer does the same. rl-zoo's ``normalize: true`` also scales rewards; neither side
+does here (shoal's preset leaves them: ``--normalize-rewards`` as well took 6k steps, not 4k).
 
     .venv/bin/python benchmarks/bench_her.py [--normalize] [--steps 3000] [--seeds 0 1 2]
 """

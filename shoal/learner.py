@@ -16,7 +16,7 @@ import torch
 
 from shoal import devices
 from shoal.errors import Diverged
-from shoal.policy import get_weights, set_up_torch, set_weights
+from shoal.policy import RunningNorm, get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout, merge_infos
 
 
@@ -122,6 +122,8 @@ class UpdateResult(NamedTuple):
 class Learner:
     """Base learner: version counter, publishing, state for checkpoints."""
 
+    REWARD_CLIP = 10.0  # of normalised rewards, as VecNormalize's clip_reward
+
     def __init__(self, config, obs_space, action_space, store, policy_id: str = "default"):
         from shoal.algos import spec_for
 
@@ -139,6 +141,8 @@ class Learner:
         self.cpu_wait = CpuWait()
         self.dropped_rollouts = 0  # too old for max_policy_lag (asynchronous loop)
         self.dropped_steps = 0
+        # normalize_rewards: the running variance of the runners' discounted returns
+        self.return_norm = RunningNorm(()).to(self.device) if getattr(config, "normalize_rewards", False) else None
 
     def tensor(self, x: Any) -> torch.Tensor:
         """``x`` (an array) as a tensor on the learner's device (shared with it on the CPU)."""
@@ -171,6 +175,23 @@ class Learner:
             for r in rollouts:
                 if r.obs_moments is not None:
                     self.policy.obs_norm.update(r.obs_moments)
+
+    def merge_return_stats(self, rollouts: list[Any]) -> None:
+        """Merge the statistics of the runners' discounted returns (``return_moments`` of Rollouts,
+        or of Ape-X's summaries) into the reward normaliser (normalize_rewards), in runner order."""
+        if self.return_norm is not None:
+            for r in rollouts:
+                if r.return_moments is not None:
+                    self.return_norm.update(r.return_moments)
+
+    def normalized_rewards(self, rewards: torch.Tensor) -> torch.Tensor:
+        """``rewards`` as the losses take them: with normalize_rewards divided by the running std
+        of the runners' discounted returns (stable-baselines3's VecNormalize norm_reward) and
+        clipped to +-REWARD_CLIP; as they are otherwise."""
+        if self.return_norm is None:
+            return rewards
+        std = torch.sqrt(self.return_norm.var + self.return_norm.eps).to(rewards.dtype)
+        return (rewards / std).clamp(-self.REWARD_CLIP, self.REWARD_CLIP)
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """The learner's optimisers (most have one; TD3's and DDPG's actor's and critics')."""
@@ -251,7 +272,9 @@ class Learner:
         return devices.to_cpu({"weights": self.get_weights(), "extra": self.extra_state(),
                                "version": self.version, "env_steps": self.env_steps,
                                "dropped": (self.dropped_rollouts, self.dropped_steps),
-                               "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state()})
+                               "rng": self.rng.bit_generator.state, "torch_rng": self.generator.get_state(),
+                               **({"return_norm": {k: v.clone() for k, v in self.return_norm.state_dict().items()}}
+                                  if self.return_norm is not None else {})})
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`get_state` and republish the restored weights."""
@@ -261,6 +284,8 @@ class Learner:
             for group in optimizer.param_groups:
                 group["eps"] = self.config.optimizer_eps
         self.version, self.env_steps = state["version"], state["env_steps"]
+        if self.return_norm is not None and "return_norm" in state:
+            self.return_norm.load_state_dict(state["return_norm"])
         self.dropped_rollouts, self.dropped_steps = state.get("dropped", (0, 0))
         self.rng.bit_generator.state = state["rng"]
         try:

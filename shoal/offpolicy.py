@@ -106,6 +106,11 @@ class OffPolicyConfig(Config):
     checkpoints), as stable-baselines3's VecNormalize(norm_obs=True) with an off-policy algorithm
     (rl-zoo's `normalize` for HER's FetchReach): replay keeps observations as the env gave them,
     and each sampled batch is normalised with the statistics of its update."""
+    normalize_rewards: bool = False
+    """Divide the rewards the learner samples by a running std of each env's discounted return,
+    clipped to +-10 (stable-baselines3's VecNormalize norm_reward, rl-zoo's `normalize` with an
+    off-policy algorithm; kept in the learner's checkpoint state). Replay keeps the env's rewards,
+    scaled as each batch is drawn; the returns shoal reports stay the env's own."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -424,6 +429,8 @@ class OffPolicyLearner(Learner):
             if self.policy.learner_normalizes:  # replay holds raw observations: normalise with today's statistics
                 m = self.policy
                 batch = batch._replace(obs=m.network_inputs(batch.obs), next_obs=m.network_inputs(batch.next_obs))
+            if self.return_norm is not None:  # and raw rewards (n-step sums of them): scaled as they come out
+                batch = batch._replace(rewards=self.normalized_rewards(batch.rewards))
             metrics, td = self.train_batch(batch)
             if td is not None:
                 self.replay.update_priorities(shard, batch.indices, td.cpu().numpy())
@@ -438,6 +445,7 @@ class OffPolicyLearner(Learner):
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         self.merge_obs_stats(rollouts)
+        self.merge_return_stats(rollouts)
         for r in rollouts:
             self.replay.add_rollout(r)
         return self._train(self.env_steps + sum(r.env_steps for r in rollouts), None)
@@ -447,10 +455,11 @@ class OffPolicyLearner(Learner):
         then publish, unless nothing changed (no update, the same exploration buffers, the same
         normaliser): runners then keep the weights they hold instead of fetching the same ones as
         a new version. ``summaries``: the runners' rollouts since the last call
-        (:class:`shoal.runner.RolloutSummary`), whose observation statistics the normaliser merges."""
+        (:class:`shoal.runner.RolloutSummary`), whose statistics the normalisers merge."""
         self.env_steps = env_steps
         exploration = [b.clone() for b in self.policy.buffers()]
         self.merge_obs_stats(summaries)
+        self.merge_return_stats(summaries)
         metrics = self._train(env_steps, max_updates)
         check_losses(metrics, self.version + 1, env_steps, self.config.lr)
         self.report_cpu_wait(metrics)

@@ -19,7 +19,7 @@ from torch import Tensor
 from shoal import devices
 from shoal.config import Config, _check, check_sde
 from shoal.learner import Learner, clip_grad_norm, read_metrics
-from shoal.policy import ActorCritic, EncoderSpec, RunningNorm, eval_mode
+from shoal.policy import ActorCritic, EncoderSpec, eval_mode
 from shoal.returns import gae, next_values, vtrace
 from shoal.runner import Rollout
 
@@ -157,34 +157,12 @@ class OnPolicyLearner(Learner):
     policy: ActorCritic
     optimizer: torch.optim.Optimizer  # each algorithm's (TRPO's: the value function's)
 
-    REWARD_CLIP = 10.0  # of normalised rewards, as VecNormalize's clip_reward
-
-    def __init__(self, config: OnPolicyConfig, obs_space, action_space, store, policy_id: str = "default"):
-        super().__init__(config, obs_space, action_space, store, policy_id)
-        self.return_norm = RunningNorm(()).to(self.device) if config.normalize_rewards else None
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.return_norm is not None:
-            state["return_norm"] = {k: v.cpu().clone() for k, v in self.return_norm.state_dict().items()}
-        return state
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        if self.return_norm is not None and "return_norm" in state:
-            self.return_norm.load_state_dict(state["return_norm"])
-        super().set_state(state)
-
     def learner_rewards(self, rollouts: list[Rollout]) -> Tensor:
         """The rewards [T, B] the losses use: scaled, and with normalize_rewards divided by the
         running std of the discounted return (its statistics first updated with these rollouts')."""
         rewards = self.tensor(np.concatenate([r.rewards for r in rollouts], axis=1)) * self.config.reward_scale
-        if self.return_norm is None:
-            return rewards
-        for r in rollouts:
-            if r.return_moments is not None:
-                self.return_norm.update(r.return_moments)
-        std = torch.sqrt(self.return_norm.var + self.return_norm.eps).to(rewards.dtype)
-        return (rewards / std).clamp(-self.REWARD_CLIP, self.REWARD_CLIP)
+        self.merge_return_stats(rollouts)
+        return self.normalized_rewards(rewards)
 
     def extra_state(self) -> dict[str, Any]:
         return self.optimizer.state_dict()

@@ -58,6 +58,7 @@ class RolloutSummary(NamedTuple):
     policy_version: int
     episode_infos: dict[str, list[float]] = {}
     obs_moments: Moments | None = None  # raw-observation moments, for the learner's normaliser
+    return_moments: Moments | None = None  # of the discounted returns, for its reward normaliser
 
 
 def merge_infos(parts: Any) -> dict[str, list[float]]:
@@ -387,7 +388,7 @@ class EnvRunner:
             batch = (compress_rows(obs), actions, rewards, compress_rows(next_obs), discounts)
         self.replay.resolve(self.replay.call("add", *batch, priorities))
         return RolloutSummary(r.env_steps, r.episode_returns, r.episode_lengths, r.policy_version, r.episode_infos,
-                              r.obs_moments)
+                              r.obs_moments, r.return_moments)
 
     def get_state(self) -> bytes:
         """Everything needed to continue exactly: envs mid-episode, RNG, episode accumulators."""

@@ -891,8 +891,8 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
                                             "tuned from --alpha-init"),
     (["train", "ppo", "--set", "clip_range=0.1"], "--set: unknown setting 'clip_range' (SB3's clip_range: shoal calls it clip)"),
     (["train", "ppo", "--normalize"], "rl-zoo's normalize: shoal calls it --normalize-obs and --normalize-rewards (see "),
-    (["train", "sac", "--normalize"],  # a note about a setting the algorithm lacks is left out
-     "Unrecognized options: --normalize; rl-zoo's normalize: shoal calls it --normalize-obs (see shoal train sac"),
+    (["train", "ars", "--normalize"],  # a note about a setting the algorithm lacks is left out
+     "Unrecognized options: --normalize; rl-zoo's normalize: shoal calls it --normalize-obs (see shoal train ars"),
     (["train", "ppo", "--backend", "slurm"], "invalid choice 'slurm' for argument '--backend'. Expected one of ('local', 'ray')"),
     (["train", "ppo", "--gamma"], "Missing value for argument '--gamma'"),
     (["train", "ppo", "--set"], "argument --set: expected at least one argument (see shoal train ppo --help)"),

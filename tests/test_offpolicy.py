@@ -267,8 +267,9 @@ def test_epsilon_schedule():
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
     (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2,  # quantile critics, priorities
-                                "normalize_obs": True}),  # the normaliser's statistics
-    (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True, "normalize_obs": True}),
+                                "normalize_obs": True, "normalize_rewards": True}),  # the normalisers' statistics
+    (QRDQNConfig, "CartPole-v1", {"n_quantiles": 5, "prioritized": True, "dueling": True, "normalize_obs": True,
+                                  "normalize_rewards": True}),
     (DQNConfig, "CartPole-v1", {"noisy": True, "n_step": 2}),  # noise from the learner's and runners' generators
     (DQNConfig, "CartPole-v1", {"num_atoms": 11, "v_min": 0.0, "v_max": 20.0, "prioritized": True}),  # C51
 ])
@@ -521,22 +522,23 @@ def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer
     (TD3Config, "Pendulum-v1", {"inference": "central"}),  # the server returns the rows as rollouts hold them
     (DQNConfig, "CartPole-v1", {"apex": True, "prioritized": True}),  # the statistics come with the summaries
 ])
-def test_off_policy_normalize_obs_keeps_replay_raw_and_normalises_each_batch_with_its_updates_statistics(cls, env,
-                                                                                                       extra):
-    """--normalize-obs of the replay-based algorithms, as SB3's VecNormalize with them: replay
-    holds observations as the env gave them, and the learner normalises each sampled batch with
-    the running statistics of that update, which count every env step; runners act on
-    normalised observations with the statistics published with the weights."""
-    config = cls(env=env, normalize_obs=True, hidden_sizes=(16,), batch_size=16, learning_starts=32,
-                 rollout_steps=8, num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False,
-                 eval_interval=0, **extra)
+def test_off_policy_normalize_obs_and_rewards_keep_replay_raw_and_normalise_each_batch_with_its_updates_statistics(
+        cls, env, extra):
+    """--normalize-obs and --normalize-rewards of the replay-based algorithms, as SB3's
+    VecNormalize with them: replay holds observations and rewards as the env gave them, and the
+    learner normalises each sampled batch with the running statistics of that update, which
+    count every env step; runners act on normalised observations with the statistics published
+    with the weights."""
+    config = cls(env=env, normalize_obs=True, normalize_rewards=True, hidden_sizes=(16,), batch_size=16,
+                 learning_starts=32, rollout_steps=8, num_envs_per_runner=2, torch_threads=1, progress=False,
+                 tensorboard=False, eval_interval=0, **extra)
     with shoal.make(config) as algo:
         learner, runner = algo.learner.obj, algo.runners[0].obj
-        norm = learner.policy.obs_norm
+        norm, returns = learner.policy.obs_norm, learner.return_norm
         seen, priorities = [], []
         train_batch = learner.train_batch
-        learner.train_batch = lambda batch: (seen.append((batch, norm.mean.clone(), norm.var.clone())),
-                                             train_batch(batch))[1]
+        learner.train_batch = lambda batch: (seen.append((batch, norm.mean.clone(), norm.var.clone(),
+                                                          returns.var.clone())), train_batch(batch))[1]
         server = algo.inference[0].obj if algo.inference else None
         acting = server.policy if server else runner.policy  # the copy that acts: its inputs and what it acts on
         acted, inputs, explore = [], acting.inputs, acting.explore
@@ -552,10 +554,13 @@ def test_off_policy_normalize_obs_keeps_replay_raw_and_normalises_each_batch_wit
         for _ in range(12):
             algo.train()
         assert float(norm.count) == pytest.approx(algo.env_steps, abs=1e-3) and len(seen) > 0
-        stored = learner.replay.shards[0].obj.obs
-        for batch, mean, var in seen:
-            raw = torch.as_tensor(stored[batch.indices])
+        assert float(returns.count) == pytest.approx(algo.env_steps, abs=1e-3)
+        shard = learner.replay.shards[0].obj
+        for batch, mean, var, return_var in seen:
+            raw = torch.as_tensor(shard.obs[batch.indices])
             torch.testing.assert_close(batch.obs, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10).float())
+            rewards = torch.as_tensor(shard.rewards[batch.indices])  # the env's, as it gave them
+            torch.testing.assert_close(batch.rewards, (rewards / torch.sqrt(return_var + 1e-8)).clamp(-10, 10).float())
             if env == "Pendulum-v1":  # cos and sin of the angle, as the env gave them
                 torch.testing.assert_close(raw[:, 0] ** 2 + raw[:, 1] ** 2, torch.ones(len(raw)))
         # the acting copy (a runner's, or the inference server's) acts on normalised observations,
