@@ -214,6 +214,7 @@ def test_a_picture_policy_reads_the_mask_as_the_env_gave_it_whatever_it_normalis
     ("appo", {"env": "PictureGatesTest-v0"}),
     ("ppo", {}), ("ppo", {"lstm_size": 8}), ("ppo", {"env": "DialsTest-v0"}), ("a2c", {}), ("trpo", {}),
     ("impala", {}), ("appo", {}), ("dqn", {}), ("dqn", {"apex": True, "prioritized": True}), ("qrdqn", {}), ("sac", {}),
+    ("dqn", {"normalize_obs": True}),  # the learner's normaliser leaves the mask of replay's raw rows as it is
     ("dqn", {"num_atoms": 11, "v_min": -2.0, "v_max": 2.0, "noisy": True}),  # C51, exploring by noise
     ("ppo", {"inference": "central"}), ("ppo", {"env": "OpenGatesTest-v0"}),
 ])
