@@ -296,8 +296,9 @@ class Algorithm:
                 self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                 continue
             result = get(self.learner_future)
+            normalizing = c.normalize_obs or c.normalize_rewards  # the summaries carry the normalisers' statistics
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps,
-                                                    summaries if c.normalize_obs or c.normalize_rewards else [])
+                                                    summaries if normalizing else [])
             metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
             return UpdateResult(metrics, result.version, steps, returns, lengths, merge_infos(infos))
 

@@ -1,5 +1,5 @@
 """Off-policy mechanics: TD targets, the squashed Gaussian, dueling, batched critics, SAC's joint
-step (continuous and discrete), action scaling, exact resume."""
+step (continuous and discrete), action scaling, exact resume, the observation and reward normalisers."""
 
 import dataclasses
 
@@ -570,9 +570,10 @@ def test_off_policy_normalize_obs_and_rewards_keep_replay_raw_and_normalise_each
         for raw, (x, mean, var) in acts[-3:]:
             torch.testing.assert_close(x, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10).float())
         server._sync() if server else runner.sync_weights()
-        assert torch.equal(acting.obs_norm.mean, norm.mean) and float(norm.var.min()) < 0.5
+        assert torch.equal(acting.obs_norm.mean, norm.mean) and float(norm.mean.abs().max()) > 0
         for (raw, *_), (given, mean, var) in priorities[-3:]:
-            torch.testing.assert_close(given, ((torch.as_tensor(raw) - mean) / torch.sqrt(var + 1e-8)).float())
+            torch.testing.assert_close(given, ((torch.as_tensor(raw) - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10)
+                                       .float())
 
 
 def test_off_policy_normalize_obs_is_refused_for_images_in_one_line():
