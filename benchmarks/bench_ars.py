@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
+from common import main_against_peer, normalized, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 # env: (target, evaluation interval, step budget, sb3-contrib's settings beyond its defaults, normalised)
 RUNS = {"CartPole-v1": (475.0, 2_000, 200_000, {}, False),
@@ -40,12 +40,6 @@ def shoal_config(env: str, seed: int, total_steps: int, **sets):
     assert config.policy == "linear" and config.n_delta == settings.get("n_delta", 8) and config.n_top is None
     assert config.normalize_obs == RUNS[env][4] and config.lr == 0.02 and config.delta_std == 0.05  # the preset
     return config
-
-
-def normalized(envs):
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    return VecNormalize(envs, norm_obs=True, norm_reward=False)
 
 
 def sb3_model(env: str, seed: int):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
+from common import main_against_peer, normalized, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 ENV, TARGET = "MountainCarContinuous-v0", 90.0
 # algorithm: (evaluation interval, step budget, torch threads)
@@ -43,12 +43,6 @@ def shoal_config(algo: str, seed: int, total_steps: int, **sets):
                                torch_threads=RUNS[algo][2], **sets)
     assert config.use_sde and config.rollout_steps == {"sac": 32, "ppo": 8}[algo]  # the preset
     return config
-
-
-def normalized(envs):
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    return VecNormalize(envs, norm_obs=True, norm_reward=False)
 
 
 def sb3_model(algo: str, seed: int):

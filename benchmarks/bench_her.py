@@ -33,7 +33,7 @@ from functools import partial
 
 import gymnasium as gym
 import gymnasium_robotics
-from common import main_against_peer, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
+from common import main_against_peer, normalized, sb3_steps_per_s, sb3_time_to, shoal_steps_per_s, shoal_time_to
 
 gym.register_envs(gymnasium_robotics)
 
@@ -45,12 +45,6 @@ def shoal_config(seed: int, total_steps: int, normalize: bool, **sets):
 
     return shoal.make_config("sac", ENV, seed=seed, total_steps=total_steps, progress=False, tensorboard=False,
                              torch_threads=2, normalize_obs=normalize, **sets)
-
-
-def normalized(envs):
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    return VecNormalize(envs, norm_obs=True, norm_reward=False)
 
 
 def sb3_model(seed: int, normalize: bool):

@@ -161,6 +161,14 @@ def plot_curves(name: str, title: str, runs: list[tuple[str, int, list[tuple[int
     return save_figure(fig, RESULTS / f"{name}.png", dpi=100)
 
 
+def normalized(envs):
+    """A stable-baselines3 vector env with its observations normalised (VecNormalize without its
+    reward half): what shoal's --normalize-obs does, for a peer's side of a benchmark."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    return VecNormalize(envs, norm_obs=True, norm_reward=False)
+
+
 def shoal_steps_per_s(config, steps: int, warmup: int = 0) -> float:
     """Env steps per wall second of shoal training ``config`` (sampling and updates, no
     evaluation) over ``steps`` steps, after its first iteration (imports, the first Adam step)

@@ -62,22 +62,18 @@ class RunningNorm(nn.Module):
         and the replay-based learners merge a rollout's every env step."""
         if m.count == 0:
             return
-        if self.mean.device.type == "cpu":
+        if self.mean.device.type == "cpu":  # the buffers' memory as arrays
             mean, var, count = self.mean.numpy(), self.var.numpy(), self.count.numpy()
-            total = count + m.count
-            delta = m.mean - mean
-            m2 = var * count + m.var * m.count + delta**2 * count * m.count / total
-            mean += delta * m.count / total
-            var[...] = m2 / total
-            count[...] = total
-            return
-        b_mean, b_var = (devices.upload(x, self.mean.device) for x in (m.mean, m.var))
-        total = self.count + m.count
-        delta = b_mean - self.mean
-        m2 = self.var * self.count + b_var * m.count + delta**2 * self.count * m.count / total
-        self.mean += delta * m.count / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+            b_mean, b_var = m.mean, m.var
+        else:
+            mean, var, count = self.mean, self.var, self.count
+            b_mean, b_var = (devices.upload(x, self.mean.device) for x in (m.mean, m.var))
+        total = count + m.count
+        delta = b_mean - mean
+        m2 = var * count + b_var * m.count + delta**2 * count * m.count / total
+        mean += delta * m.count / total
+        var[...] = m2 / total
+        count[...] = total
 
 
 def set_up_torch(threads: int) -> None:
