@@ -691,12 +691,10 @@ class ActorCritic(PolicyModule):
         return h if self.critic_encoder is None else torch.cat([h, self.critic_encoder(x)], -1)
 
     def features(self, x: Tensor) -> Tensor:
-        """The heads' input for network inputs ``x`` [N, ...] on the acting path: the encoders'
-        features, or for a recurrent policy the LSTM's output after one step of its memory (a
-        fresh zero memory when it holds none for N rows)."""
+        """A recurrent policy's heads' input for network inputs ``x`` [N, ...] on the acting path:
+        the LSTMs' output after one step of its memory (a fresh zero memory when it holds none for
+        N rows). A feed-forward policy's heads read :meth:`encode` (:meth:`_actor_input`)."""
         h = self.encode(x)
-        if self.lstm is None:
-            return h
         if self.memory is None or len(self.memory[0]) != len(h):
             self.reset_memory(len(h))
         self.memory = self._lstm_step(h, self.memory)
