@@ -395,7 +395,7 @@ class Algorithm:
         ruined = [k for k, v in learner_state["weights"].items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
         if ruined:  # an update whose reported losses were finite can still leave them so
             raise Diverged(f"training diverged: policy version {learner_state['version']} holds NaN or inf (in "
-                           f"{ruined[0]}), so no checkpoint was written: {Diverged.advice(self.config.lr)}")
+                           f"{ruined[0]}), so no checkpoint was written: {Diverged.advice(self.config)}")
         runner_states = self.backend.get([r.call("get_state") for r in self.runners])
         policy = {"format": 1, "algo": self.spec.name, "config": to_dict(self.config),
                   "obs_space": describe_space(self.obs_space), "action_space": describe_space(self.action_space),

@@ -372,6 +372,26 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "capture_video": ("CleanRL's", {"video_interval": " (env steps between videos; 0: none)"}),
     "track": ("rl-zoo's and CleanRL's", {"wandb_project": " (a W&B project: giving one turns tracking on)"}),
     "wandb_project_name": ("rl-zoo's and CleanRL's", {"wandb_project": ""}),
+    "policy_lr": ("CleanRL's", {"actor_lr": ""}),
+    "q_lr": ("CleanRL's", {"critic_lr": ""}),
+    "policy_frequency": ("CleanRL's", {"policy_delay": ""}),
+    "train_frequency": ("CleanRL's", {"rollout_steps": ""}),
+    "target_network_frequency": ("CleanRL's", {"target_update_interval": ""}),
+    "start_e": ("CleanRL's", {"exploration_initial_eps": ""}),
+    "end_e": ("CleanRL's", {"exploration_final_eps": ""}),
+    "exploration_noise": ("CleanRL's", {"action_noise": ""}),
+    "policy_noise": ("CleanRL's", {"target_noise": ""}),
+    "noise_clip": ("CleanRL's", {"target_noise_clip": ""}),
+    "num_envs": ("CleanRL's", {"num_envs_per_runner": ""}),
+    "num_steps": ("CleanRL's", {"rollout_steps": ""}),
+    "update_epochs": ("CleanRL's", {"num_epochs": ""}),
+    "num_minibatches": ("CleanRL's", {"minibatch_size": ", in transitions ({rollout_steps} x {num_envs_per_runner} x "
+                                                        "{num_env_runners} / num_minibatches)"}),
+    "clip_coef": ("CleanRL's", {"clip": ""}),
+    "norm_adv": ("CleanRL's", {"normalize_advantages": ""}),
+    "anneal_lr": ("CleanRL's", {"lr_schedule": " linear"}),
+    "clip_vloss": ("CleanRL's", {"vf_clip": ", a range of its own (CleanRL clips the value by clip_coef: give it "
+                                           "{clip}'s value)"}),
 }
 
 

@@ -28,6 +28,10 @@ class Diverged(ShoalError):
     runner acts with the same weights), so the run fails with this at once."""
 
     @staticmethod
-    def advice(lr: float) -> str:
-        """What to try."""
-        return f"lower --lr (now {lr:g}), or scale the env's rewards down"
+    def advice(config) -> str:
+        """What to try: lower the learning rates the run has (``lr``, and any network's own: ``*_lr``)."""
+        import dataclasses
+
+        rates = [f"--{f.name.replace('_', '-')} (now {getattr(config, f.name):g})" for f in dataclasses.fields(config)
+                 if (f.name == "lr" or f.name.endswith("_lr")) and getattr(config, f.name) is not None]
+        return f"lower {' or '.join(rates)}, or scale the env's rewards down"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from shoal import devices
-from shoal.errors import Diverged
+from shoal.errors import Diverged, ShoalError
 from shoal.policy import RunningNorm, get_weights, set_up_torch, set_weights
 from shoal.runner import Rollout, merge_infos
 
@@ -46,7 +46,24 @@ def read_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {**metrics, **dict(zip(keys, values))}
 
 
-def check_losses(metrics: dict[str, Any], version: int, env_steps: int, lr: float) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Load an optimiser's saved state (its moments and step counts, parameter by parameter) and
+    keep this run's parameter groups with their settings: a checkpoint whose networks were grouped
+    otherwise (written with other learning rates of their own, or before there were any) loads the
+    same state for the same parameters. The parameters must be the same, in the same order."""
+    groups, start = [], 0
+    for group in optimizer.param_groups:
+        groups.append({**{k: v for k, v in group.items() if k != "params"},
+                       "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    saved_params = sum(len(g["params"]) for g in saved["param_groups"])
+    if saved_params != start:
+        raise ShoalError(f"the checkpoint's optimiser holds {saved_params} parameter tensors, this learner's "
+                         f"{start}: it was written for other networks")
+    optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
+
+
+def check_losses(metrics: dict[str, Any], version: int, env_steps: int, config: Any) -> None:
     """Raise, before the weights are published, once a loss the learner reports (the mean of an
     iteration's updates, read anyway) is NaN or infinite: the weights it stepped are then
     ruined, and runners acting with them would fail in ways that point at the env instead."""
@@ -54,7 +71,7 @@ def check_losses(metrics: dict[str, Any], version: int, env_steps: int, lr: floa
     if bad:
         raise Diverged(f"training diverged: {', '.join(bad)} in the updates that made policy version {version} "
                        f"(at {env_steps:,} env steps), so its weights hold NaN or inf and were not published: "
-                       f"{Diverged.advice(lr)}")
+                       f"{Diverged.advice(config)}")
 
 
 CPU_WAIT_WINDOW_S = 10.0
@@ -158,11 +175,32 @@ class Learner:
         the steps learned from before this update) and return it: ``lr``, or with ``lr_schedule``
         linear decayed to 0 at total_steps (SB3's and rl-zoo's ``lin_`` schedules)."""
         c = self.config
-        lr = c.lr * (self.remaining(env_steps) if c.lr_schedule == "linear" else 1.0)
+        factor = self.remaining(env_steps) if c.lr_schedule == "linear" else 1.0
         for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-        return lr
+            for group in optimizer.param_groups:  # each at its setting's rate (:meth:`adam`)
+                group["lr"] = self.base_lr(group.get("lr_setting", "lr")) * factor
+        return c.lr * factor
+
+    def base_lr(self, setting: str) -> float:
+        """The learning rate ``setting`` names before any schedule: ``lr``, or a network's own
+        (``actor_lr``, ``critic_lr``, ``alpha_lr``), which is ``lr`` where it is not given."""
+        own = getattr(self.config, setting, None)
+        return self.config.lr if own is None else own
+
+    def adam(self, networks: dict[str, Any], **kwargs: Any) -> torch.optim.Adam:
+        """One fused Adam over several networks' parameters, each list under the setting of its
+        learning rate (``{"actor_lr": ..., "critic_lr": ..., "alpha_lr": ...}``; an empty list is
+        left out). Where their rates are all the same, one parameter group holds them; else each
+        network is a group of its own, in the order given, stepped at its own rate, as separate
+        optimisers would be (RLlib's actor_lr, critic_lr and alpha_lr)."""
+        networks = {k: ps for k, v in networks.items() if (ps := list(v))}
+        if len({self.base_lr(k) for k in networks}) == 1:
+            groups = [{"params": [p for ps in networks.values() for p in ps], "lr_setting": next(iter(networks))}]
+        else:
+            groups = [{"params": ps, "lr_setting": k} for k, ps in networks.items()]
+        for group in groups:
+            group["lr"] = self.base_lr(group["lr_setting"])
+        return torch.optim.Adam(groups, eps=self.config.optimizer_eps, fused=True, **kwargs)
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         """The algorithm's update on a batch of rollouts; returns flat metrics."""
@@ -240,7 +278,7 @@ class Learner:
         metrics = {}
         if fresh:
             metrics = self.learn(fresh)
-            check_losses(metrics, self.version + 1, self.env_steps + steps, self.config.lr)
+            check_losses(metrics, self.version + 1, self.env_steps + steps, self.config)
             self.version += 1
             self.publish()
         metrics.update({"learner/policy_lag_mean": float(np.mean(lags)), "learner/policy_lag_max": float(max(lags)),

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from shoal.hindsight import Hindsight
 
 
+OWN_LRS = ("actor_lr", "critic_lr", "alpha_lr")
+"""Settings of a network's own learning rate (unset: lr), in the algorithms that have them."""
+
+
 @dataclass(frozen=True)
 class OffPolicyConfig(Config):
     """Settings shared by the replay-based algorithms."""
@@ -121,6 +125,9 @@ class OffPolicyConfig(Config):
         _check(self.buffer_size >= self.batch_size, "buffer_size must hold at least one batch")
         _check(self.learning_starts >= 0, "learning_starts must be 0 or more")
         _check(0 < self.lr < math.inf, "lr must be positive and finite")
+        for key in OWN_LRS:
+            value = getattr(self, key, None)
+            _check(value is None or 0 < value < math.inf, f"{key} must be positive and finite (or unset: lr)")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(self.n_step >= 1, "n_step must be at least 1")
         _check(0 < self.tau <= 1, "tau must be in (0, 1]")
@@ -438,7 +445,8 @@ class OffPolicyLearner(Learner):
             stats.append(metrics)
         self.set_exploration(env_steps)
         out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats)),
-               "learner/lr": lr}
+               "learner/lr": lr, **{f"learner/{k}": getattr(c, k) * lr / c.lr for k in OWN_LRS
+                                    if getattr(c, k, None) is not None}}
         if stats:
             out.update({k: torch.stack([s[k] for s in stats]).mean() for k in stats[0]})
         return read_metrics(out)
@@ -461,7 +469,7 @@ class OffPolicyLearner(Learner):
         self.merge_obs_stats(summaries)
         self.merge_return_stats(summaries)
         metrics = self._train(env_steps, max_updates)
-        check_losses(metrics, self.version + 1, env_steps, self.config.lr)
+        check_losses(metrics, self.version + 1, env_steps, self.config)
         self.report_cpu_wait(metrics)
         if metrics["learner/updates_this_call"] == 0 and max_updates is not None:
             time.sleep(0.01)  # the shards cannot give a batch yet: let the runners fill them

@@ -292,7 +292,7 @@ class EnvRunner:
         else:
             return
         raise Diverged(f"training diverged: runner {self.runner_id} ({self.config.env}) acts with policy version "
-                       f"{self.version}, which {what}: {Diverged.advice(self.config.lr)}") from error
+                       f"{self.version}, which {what}: {Diverged.advice(self.config)}") from error
 
     def _layer_computing_nan(self, raw_obs: Tensor) -> nn.Module | None:
         """The first of the policy's layers whose output holds NaN or inf when it acts on ``raw_obs``."""

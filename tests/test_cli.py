@@ -890,6 +890,9 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "sac", "--ent-coef", "0.1"], "SB3's SAC ent_coef: shoal calls it --alpha (a fixed value; unset, it is "
                                             "tuned from --alpha-init"),
     (["train", "ppo", "--set", "clip_range=0.1"], "--set: unknown setting 'clip_range' (SB3's clip_range: shoal calls it clip)"),
+    (["train", "sac", "--q-lr", "1e-3"], "CleanRL's q_lr: shoal calls it --critic-lr (see shoal train sac"),
+    (["train", "ppo", "--anneal-lr", "--num-minibatches", "4"], "CleanRL's anneal_lr: shoal calls it --lr-schedule "
+     "linear; CleanRL's num_minibatches: shoal calls it --minibatch-size, in transitions (--rollout-steps x "),
     (["train", "ppo", "--normalize"], "rl-zoo's normalize: shoal calls it --normalize-obs and --normalize-rewards (see "),
     (["train", "ars", "--normalize"],  # a note about a setting the algorithm lacks is left out
      "Unrecognized options: --normalize; rl-zoo's normalize: shoal calls it --normalize-obs (see shoal train ars"),

@@ -14,9 +14,10 @@ from shoal.algos.crossq import CrossQConfig
 from shoal.algos.dqn import DQNConfig, QNetwork, td_targets
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
 from shoal.algos.qrdqn import QRDQNConfig
-from shoal.algos.td3 import DeterministicActor, TD3Config
+from shoal.algos.ddpg import DDPGConfig
+from shoal.algos.td3 import DeterministicActor, TD3Config, TD3Learner
 from shoal.algos.tqc import TQCConfig
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 from shoal.offpolicy import QCritics
 from shoal.policy import ConvEncoder
 from shoal.replay import Transitions
@@ -263,8 +264,9 @@ def test_epsilon_schedule():
     (DQNConfig, "BitFlipping-v0", {"her_goals": 4, "env_kwargs": {"n_bits": 7}}),  # episodes pending at the save
     (DQNConfig, "CartPole-v1", {"compress_observations": True, "prioritized": True}),
     (SACConfig, "PixelReach-v0", {"compress_observations": True}),  # images: an encoder each for actor and critics
-    (TD3Config, "PixelReach-v0", {"buffer_size": 1000}),
-    (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2}),  # no targets; statistics
+    (TD3Config, "PixelReach-v0", {"buffer_size": 1000, "critic_lr": 2e-3}),  # and own rates: a group each
+    (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "policy_delay": 2,  # no targets; statistics
+                                   "actor_lr": 1e-4, "alpha_lr": 5e-3}),
     (CrossQConfig, "Pendulum-v1", {"critic_hidden_sizes": (32, 32), "use_sde": True}),  # gSDE on renormalised features
     (TQCConfig, "Pendulum-v1", {"n_quantiles": 5, "prioritized": True, "n_step": 2,  # quantile critics, priorities
                                 "normalize_obs": True, "normalize_rewards": True}),  # the normalisers' statistics
@@ -497,24 +499,118 @@ def test_gsde_is_refused_where_it_cannot_hold_its_noise():
         shoal.make(SACConfig(env="CartPole-v1", use_sde=True, progress=False, tensorboard=False))
 
 
-@pytest.mark.parametrize("algo, env", [("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")])
+@pytest.mark.parametrize("algo, env, own, rates", [
+    ("dqn", "CartPole-v1", {}, ["lr"]),
+    ("sac", "Pendulum-v1", {}, ["lr"]),  # one group: actor, critics and temperature
+    ("td3", "Pendulum-v1", {}, ["lr", "lr"]),  # the actor's optimiser and the critics'
+    ("sac", "Pendulum-v1", {"actor_lr": 1e-4, "critic_lr": 2e-3}, [1e-4, 2e-3, "lr"]),  # a group each
+    ("td3", "Pendulum-v1", {"critic_lr": 2e-3}, ["lr", 2e-3]),
+])
 @pytest.mark.parametrize("schedule", ["constant", "linear"])
-def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer(algo, env, schedule):
+def test_a_linear_learning_rate_decays_to_zero_at_total_steps_in_every_optimizer(algo, env, own, rates, schedule):
     """rl-zoo's lin_ learning rates (SB3 sets them at each training phase from the steps taken):
-    at an update phase after N of total_steps env steps, lr x (1 - N / total_steps)."""
+    at an update phase after N of total_steps env steps, lr x (1 - N / total_steps); a network's
+    own rate (actor_lr, critic_lr) decays alike."""
     config = shoal.make_config(algo, env, lr_schedule=schedule, total_steps=400, learning_starts=50,
                                num_envs_per_runner=2, rollout_steps=25, batch_size=16, hidden_sizes=(16,),
-                               progress=False, tensorboard=False)
+                               progress=False, tensorboard=False, **own)
     with shoal.make(config) as algo_:
         learner = algo_.learner.obj
         optimizers = learner.optimizers()
-        assert len(optimizers) == (2 if algo == "td3" else 1)
         while algo_.env_steps < 200:
             metrics = algo_.train()
-        expected = config.lr * (1 - algo_.env_steps / 400 if schedule == "linear" else 1)
-        assert metrics["learner/lr"] == pytest.approx(expected) and metrics["learner/updates"] > 0
+        factor = 1 - algo_.env_steps / 400 if schedule == "linear" else 1
+        assert metrics["learner/lr"] == pytest.approx(config.lr * factor) and metrics["learner/updates"] > 0
+        for key, rate in own.items():
+            assert metrics[f"learner/{key}"] == pytest.approx(rate * factor)
         assert [group["lr"] for o in optimizers for group in o.param_groups] == pytest.approx(
-            [expected] * sum(len(o.param_groups) for o in optimizers))
+            [(config.lr if r == "lr" else r) * factor for r in rates])
+
+
+OWN_RATES = {"actor_lr": 1e-4, "critic_lr": 2e-3, "alpha_lr": 5e-3}
+
+
+@pytest.mark.parametrize("cls, action_space, extra", [
+    (SACConfig, gym.spaces.Box(-2, 2, (1,)), {}),
+    (SACConfig, gym.spaces.Discrete(3), {}),
+    (TQCConfig, gym.spaces.Box(-2, 2, (1,)), {"n_quantiles": 5}),
+    (CrossQConfig, gym.spaces.Box(-2, 2, (1,)), {"critic_hidden_sizes": (32, 32), "policy_delay": 1}),
+    (TD3Config, gym.spaces.Box(-2, 2, (1,)), {"policy_delay": 1}),
+    (DDPGConfig, gym.spaces.Box(-2, 2, (1,)), {}),
+])
+def test_own_learning_rates_step_the_actor_critics_and_temperature_each_at_its_rate(cls, action_space, extra):
+    """RLlib's actor_lr, critic_lr and alpha_lr (CleanRL's policy_lr and q_lr): Adam's first step
+    from zero moments moves each parameter by lr x g / (|g| + eps), so the largest move in each
+    network is its own rate."""
+    from shoal.algos import spec_for
+
+    own = {k: v for k, v in OWN_RATES.items() if k in {f.name for f in dataclasses.fields(cls)}}
+    assert set(own) == ({"actor_lr", "critic_lr"} if cls in (TD3Config, DDPGConfig) else set(OWN_RATES))
+    config = cls(env="Pendulum-v1", hidden_sizes=(32, 32), learning_starts=0, **own, **extra)
+    obs_space = gym.spaces.Box(-8, 8, (3,))
+    learner = spec_for(config).learner_cls(config, obs_space, action_space, WeightStore())
+    n = 16
+    g = torch.Generator().manual_seed(1)
+    actions = (torch.randint(0, 3, (n,), generator=g) if isinstance(action_space, gym.spaces.Discrete)
+               else torch.rand(n, 1, generator=g) * 2 - 1)
+    b = Transitions(obs=torch.randn(n, 3, generator=g), actions=actions, rewards=torch.randn(n, generator=g),
+                    next_obs=torch.randn(n, 3, generator=g), discounts=torch.full((n,), 0.99), weights=torch.ones(n),
+                    indices=np.arange(n))
+    networks = {"actor_lr": list(learner.policy.parameters()), "critic_lr": list(learner.critics.parameters())}
+    if "alpha_lr" in own:
+        networks["alpha_lr"] = [learner.log_alpha]
+    before = {k: [p.detach().clone() for p in ps] for k, ps in networks.items()}
+    learner.train_batch(b)
+    for key, params in networks.items():
+        moves = torch.cat([(p.detach() - p0).abs().flatten() for p, p0 in zip(params, before[key])])
+        assert moves.max().item() == pytest.approx(own[key], rel=1e-2), key  # float32 subtraction's rounding
+
+
+def test_a_checkpoint_loads_into_learners_whose_networks_have_other_rates_and_so_other_groups():
+    """A checkpoint written with one parameter group (every rate lr's, or before own rates existed)
+    resumes with own rates (a group per network), and back: the same moments for the same
+    parameters, with the resuming run's rates."""
+    from shoal.learner import load_optimizer
+
+    obs_space, action_space = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
+
+    def learner(**own):
+        config = SACConfig(env="Pendulum-v1", hidden_sizes=(16,), learning_starts=0, batch_size=8, **own)
+        return SACLearner(config, obs_space, action_space, WeightStore())
+
+    def train(learner_):
+        g = torch.Generator().manual_seed(2)
+        for _ in range(3):
+            learner_.train_batch(Transitions(
+                obs=torch.randn(8, 3, generator=g), actions=torch.rand(8, 1, generator=g) * 2 - 1,
+                rewards=torch.randn(8, generator=g), next_obs=torch.randn(8, 3, generator=g),
+                discounts=torch.full((8,), 0.99), weights=torch.ones(8), indices=np.arange(8)))
+        return learner_
+
+    def moments(learner_):
+        return [learner_.optimizer.state[p]["exp_avg_sq"] for group in learner_.optimizer.param_groups
+                for p in group["params"]]
+
+    one, split = train(learner()), train(learner(**OWN_RATES))
+    assert len(one.optimizer.param_groups) == 1 and len(split.optimizer.param_groups) == 3
+    for source in (one, split):
+        for target in (learner(), learner(**OWN_RATES)):
+            target.set_state(source.get_state())
+            assert [group["lr"] for group in target.optimizer.param_groups] == (
+                [target.config.lr] if target.config.actor_lr is None else list(OWN_RATES.values()))
+            for a, b in zip(moments(source), moments(target), strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+    td3 = TD3Learner(TD3Config(env="Pendulum-v1", hidden_sizes=(16,)), obs_space, action_space, WeightStore())
+    with pytest.raises(ShoalError, match="the checkpoint's optimiser holds 11 parameter tensors, this learner's 4: it was "):
+        load_optimizer(td3.actor_optimizer, one.optimizer.state_dict())
+
+
+def test_divergence_advice_names_every_learning_rate_the_run_has():
+    from shoal.errors import Diverged
+
+    assert Diverged.advice(SACConfig(lr=1e-3, critic_lr=1e-2)) == (
+        "lower --lr (now 0.001) or --critic-lr (now 0.01), or scale the env's rewards down")
+    assert Diverged.advice(DQNConfig(lr=1e-4)) == "lower --lr (now 0.0001), or scale the env's rewards down"
 
 
 @pytest.mark.parametrize("cls, env, extra", [

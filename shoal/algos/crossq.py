@@ -185,10 +185,9 @@ class CrossQLearner(SACLearner):
                                 config.activation, norm=config.renorm(groups=2)).to(self.device)
         self.init_temperature(config)
         self.actor_layers, self.critic_layers = renorm_layers(self.policy), renorm_layers(self.critics)
-        params = [*self.policy.parameters(), *self.critics.parameters()]
-        self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
-                                          lr=config.lr, betas=(config.adam_beta1, 0.999),
-                                          eps=config.optimizer_eps, fused=True)
+        self.optimizer = self.adam({"actor_lr": self.policy.parameters(), "critic_lr": self.critics.parameters(),
+                                    "alpha_lr": [self.log_alpha] if config.alpha is None else []},
+                                   betas=(config.adam_beta1, 0.999))
         self.last_actor = (torch.tensor(0.0, device=self.device), torch.tensor(0.0, device=self.device))
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check, check_sde
 from shoal.errors import ShoalError
+from shoal.learner import load_optimizer
 from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, observations_normalized,
                              polyak, target_copy)
 from shoal.policy import EncoderSpec, PolicyModule, StateDependentNoise, mlp
@@ -55,6 +56,12 @@ class SACConfig(OffPolicyConfig):
     """With use_sde: steps between fresh noise matrices in the runners (-1: one per rollout)."""
     log_std_init: float = -3.0
     """With use_sde: the initial log of the noise matrix's scale."""
+    actor_lr: float | None = None
+    """The actor's Adam learning rate (RLlib's actor_lr, CleanRL's policy_lr; default: lr)."""
+    critic_lr: float | None = None
+    """The critics' Adam learning rate (RLlib's critic_lr, CleanRL's q_lr; default: lr)."""
+    alpha_lr: float | None = None
+    """The tuned temperature's Adam learning rate (RLlib's alpha_lr; default: lr)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -199,9 +206,8 @@ class SACLearner(OffPolicyLearner):
         self.critics = self.make_critics(config).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.init_temperature(config)
-        params = [*self.policy.parameters(), *self.critics.parameters()]
-        self.optimizer = torch.optim.Adam(params + ([self.log_alpha] if config.alpha is None else []),
-                                          lr=config.lr, eps=config.optimizer_eps, fused=True)
+        self.optimizer = self.adam({"actor_lr": self.policy.parameters(), "critic_lr": self.critics.parameters(),
+                                    "alpha_lr": [self.log_alpha] if config.alpha is None else []})
 
     def make_critics(self, config: SACConfig) -> QCritics:
         """The twin critics (with an encoder of their own for images or --encoder)."""
@@ -281,7 +287,7 @@ class SACLearner(OffPolicyLearner):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.load_extra_networks(state)
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
 
     def load_extra_networks(self, extra: dict[str, Any]) -> None:
         """The critics, their targets and the entropy temperature learned with them."""

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from shoal.algos import AlgoSpec, register
 from shoal.config import _check
 from shoal.errors import ShoalError
+from shoal.learner import load_optimizer
 from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, observations_normalized,
                              polyak, target_copy)
 from shoal.policy import EncoderSpec, mlp
@@ -32,7 +33,7 @@ class TD3Config(OffPolicyConfig):
     hidden_sizes: tuple[int, ...] = (400, 300)
     """Hidden layer widths of the actor and critics (the paper's 400-300)."""
     lr: float = 1e-3
-    """Adam learning rate of actor and critics."""
+    """Adam learning rate of actor and critics (each unless actor_lr or critic_lr gives its own)."""
     action_noise: float = 0.1
     """Std of the exploration noise, in units of half the action range (an Ornstein-Uhlenbeck
     process's sigma)."""
@@ -54,6 +55,12 @@ class TD3Config(OffPolicyConfig):
     """Std of the smoothing noise added to target actions (0: none)."""
     target_noise_clip: float = 0.5
     """Clip of the target smoothing noise."""
+    actor_lr: float | None = None
+    """The actor's Adam learning rate (RLlib's actor_lr, CleanRL's policy_lr; DDPG's paper 1e-4;
+    default: lr)."""
+    critic_lr: float | None = None
+    """The critics' Adam learning rate (RLlib's critic_lr, CleanRL's q_lr; DDPG's paper 1e-3;
+    default: lr)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,10 +155,8 @@ class TD3Learner(OffPolicyLearner):
                                 encoder=self.policy.fresh_encoder()).to(self.device)
         self.target_critics = target_copy(self.critics)
         self.target_actor = target_copy(self.policy)
-        self.actor_optimizer = torch.optim.Adam(self.policy.parameters(), lr=config.lr, eps=config.optimizer_eps,
-                                                fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=config.lr, eps=config.optimizer_eps,
-                                                 fused=True)
+        self.actor_optimizer = self.adam({"actor_lr": self.policy.parameters()})
+        self.critic_optimizer = self.adam({"critic_lr": self.critics.parameters()})
         self.last_actor_loss = torch.tensor(0.0, device=self.device)  # reported between delayed actor updates
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
@@ -189,8 +194,8 @@ class TD3Learner(OffPolicyLearner):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.load_extra_networks(state)
-        self.actor_optimizer.load_state_dict(state["actor_opt"])
-        self.critic_optimizer.load_state_dict(state["critic_opt"])
+        load_optimizer(self.actor_optimizer, state["actor_opt"])
+        load_optimizer(self.critic_optimizer, state["critic_opt"])
 
     def load_extra_networks(self, extra: dict[str, Any]) -> None:
         self.critics.load_state_dict(extra["critics"])
