@@ -115,6 +115,10 @@ class OffPolicyConfig(Config):
     clipped to +-10 (stable-baselines3's VecNormalize norm_reward, rl-zoo's `normalize` with an
     off-policy algorithm; kept in the learner's checkpoint state). Replay keeps the env's rewards,
     scaled as each batch is drawn; the returns shoal reports stay the env's own."""
+    reward_scale: float = 1.0
+    """Multiply the rewards the learner samples by this (the SAC paper's reward scale: 5 for most
+    of its MuJoCo tasks, 20 for Humanoid, with a fixed temperature; on-policy algorithms have it
+    too). Replay keeps the env's rewards; the returns shoal reports stay the env's own."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -125,6 +129,7 @@ class OffPolicyConfig(Config):
         _check(self.buffer_size >= self.batch_size, "buffer_size must hold at least one batch")
         _check(self.learning_starts >= 0, "learning_starts must be 0 or more")
         _check(0 < self.lr < math.inf, "lr must be positive and finite")
+        _check(0 < self.reward_scale < math.inf, "reward_scale must be positive and finite")
         for key in OWN_LRS:
             value = getattr(self, key, None)
             _check(value is None or 0 < value < math.inf, f"{key} must be positive and finite (or unset: lr)")
@@ -436,8 +441,8 @@ class OffPolicyLearner(Learner):
             if self.policy.learner_normalizes:  # replay holds raw observations: normalise with today's statistics
                 m = self.policy
                 batch = batch._replace(obs=m.network_inputs(batch.obs), next_obs=m.network_inputs(batch.next_obs))
-            if self.return_norm is not None:  # and raw rewards (n-step sums of them): scaled as they come out
-                batch = batch._replace(rewards=self.normalized_rewards(batch.rewards))
+            if self.return_norm is not None or c.reward_scale != 1:  # replay holds raw rewards (n-step sums
+                batch = batch._replace(rewards=self.normalized_rewards(batch.rewards * c.reward_scale))  # of them)
             metrics, td = self.train_batch(batch)
             if td is not None:
                 self.replay.update_priorities(shard, batch.indices, td.cpu().numpy())

@@ -52,7 +52,8 @@ class OnPolicyConfig(Config):
     normalize_obs: bool = False
     """Normalise observations by a running mean/std (kept in the policy and its checkpoints)."""
     reward_scale: float = 1.0
-    """Multiply rewards by this before computing returns (keeps value targets near unit scale)."""
+    """Multiply rewards by this before computing returns (keeps value targets near unit scale); the
+    returns shoal reports stay the env's own."""
     normalize_rewards: bool = False
     """Divide the rewards the learner sees by a running std of the discounted return, clipped to
     +-10 (stable-baselines3's VecNormalize norm_reward; kept in checkpoints). The returns shoal
@@ -84,6 +85,7 @@ class OnPolicyConfig(Config):
         _check(self.lstm_size >= 0, "lstm_size must be 0 (no LSTM) or a number of units")
         _check(0 < self.lr < math.inf, "lr must be positive and finite")
         _check(0 < self.optimizer_eps < math.inf, "optimizer_eps must be positive and finite")
+        _check(0 < self.reward_scale < math.inf, "reward_scale must be positive and finite")
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
         _check(self.max_grad_norm > 0, "max_grad_norm must be positive")

@@ -614,7 +614,7 @@ def test_divergence_advice_names_every_learning_rate_the_run_has():
 
 
 @pytest.mark.parametrize("cls, env, extra", [
-    (SACConfig, "Pendulum-v1", {}),
+    (SACConfig, "Pendulum-v1", {"reward_scale": 3.0}),  # scaled, then normalised (as on-policy learners do)
     (TD3Config, "Pendulum-v1", {"inference": "central"}),  # the server returns the rows as rollouts hold them
     (DQNConfig, "CartPole-v1", {"apex": True, "prioritized": True}),  # the statistics come with the summaries
 ])
@@ -656,7 +656,8 @@ def test_off_policy_normalize_obs_and_rewards_keep_replay_raw_and_normalise_each
             raw = torch.as_tensor(shard.obs[batch.indices])
             torch.testing.assert_close(batch.obs, ((raw - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10).float())
             rewards = torch.as_tensor(shard.rewards[batch.indices])  # the env's, as it gave them
-            torch.testing.assert_close(batch.rewards, (rewards / torch.sqrt(return_var + 1e-8)).clamp(-10, 10).float())
+            torch.testing.assert_close(batch.rewards, (rewards * config.reward_scale / torch.sqrt(return_var + 1e-8))
+                                       .clamp(-10, 10).float())
             if env == "Pendulum-v1":  # cos and sin of the angle, as the env gave them
                 torch.testing.assert_close(raw[:, 0] ** 2 + raw[:, 1] ** 2, torch.ones(len(raw)))
         # the acting copy (a runner's, or the inference server's) acts on normalised observations,
@@ -670,6 +671,28 @@ def test_off_policy_normalize_obs_and_rewards_keep_replay_raw_and_normalise_each
         for (raw, *_), (given, mean, var) in priorities[-3:]:
             torch.testing.assert_close(given, ((torch.as_tensor(raw) - mean) / torch.sqrt(var + 1e-8)).clamp(-10, 10)
                                        .float())
+
+
+def test_reward_scale_multiplies_the_rewards_each_batch_trains_on_while_replay_and_reports_keep_the_envs():
+    config = DQNConfig(env="CartPole-v1", reward_scale=5.0, n_step=2, hidden_sizes=(16,), batch_size=16,
+                       learning_starts=32, rollout_steps=8, num_envs_per_runner=2, torch_threads=1, progress=False,
+                       tensorboard=False, eval_interval=0)
+    with shoal.make(config) as algo:
+        learner = algo.learner.obj
+        seen, train_batch = [], learner.train_batch
+        learner.train_batch = lambda batch: (seen.append(batch), train_batch(batch))[1]
+        for _ in range(8):
+            metrics = algo.train()
+        shard = learner.replay.shards[0].obj
+        assert len(seen) > 0
+        for batch in seen:
+            raw = torch.as_tensor(shard.rewards[batch.indices])  # CartPole's 1s, or 2-step sums of them
+            assert bool(torch.all((raw == 1) | ((raw - (1 + config.gamma)).abs() < 1e-6)))
+            torch.testing.assert_close(batch.rewards, raw.float() * 5)
+        assert metrics["episode/return_mean"] == metrics["episode/length_mean"]  # the env's returns, unscaled
+    for cls in (DQNConfig, shoal.PPOConfig):
+        with pytest.raises(ConfigError, match="reward_scale must be positive and finite"):
+            cls(env="CartPole-v1", reward_scale=-1.0)
 
 
 def test_off_policy_normalize_obs_is_refused_for_images_in_one_line():
