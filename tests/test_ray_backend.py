@@ -41,14 +41,15 @@ def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
     policy recurrent, so the runners' memories travel with their rollouts too; with gSDE, each
     runner's noise matrices, drawn from its own generator; ARS's runners each playing their half
     of the candidates, whose directions they draw from the seed the learner publishes; SAC's
-    normalisers, from the runners' observations and returns, on the batches it samples). SAC
+    normalisers, from the runners' observations and returns, on the batches it samples, its
+    critics' own learning rate and its reward scale). SAC
     with gSDE runs with the slow tests (16 s in the suite, which took 1,247 s in CI on
     2026-11-29): CI keeps SAC's row and gSDE's runner noise in PPO's."""
     results, steps = {}, {}
     for backend in ("local", "ray"):
         config = {"ppo": lambda: tiny(backend=backend, num_env_runners=2, normalize_obs=True, seed=11, lstm_size=8),
                   "sac": lambda: sac_config(backend=backend, num_env_runners=2, seed=11, normalize_obs=True,
-                                            normalize_rewards=True),
+                                            normalize_rewards=True, reward_scale=2.0, critic_lr=1e-3),
                   "ppo-sde": lambda: tiny(env="Pendulum-v1", backend=backend, num_env_runners=2, seed=11, use_sde=True,
                                           sde_sample_freq=5),
                   "sac-sde": lambda: sac_config(backend=backend, num_env_runners=2, seed=11, use_sde=True),
