@@ -187,7 +187,8 @@ commands:
   serve-policy RUN_DIR [RUN_DIR ...]  serve trained policies to simulators over gRPC (batched)
   algos                               list algorithms and their presets
   envs [TEXT ...]                     list environment ids (containing any TEXT, in any case) and their presets
-  check-env ENV_ID                    check that an env is ready to train on (Gymnasium's checker, algorithms, speed)
+  check-env ENV_ID                    check that an env is ready to train on (Gymnasium's checker, algorithms, speed;
+                                      remote:// env servers: the protocol's checks)
   tune ALGO --env ENV_ID [--trials N]  search its settings with Optuna (--param NAME=SPEC ...; best.yaml for train)
 """
 
@@ -666,10 +667,13 @@ def cmd_envs(argv: list[str], console: Console) -> int:
 class CheckEnvArgs:
     """Check that an environment is ready to train on, as stable-baselines3's check_env: Gymnasium's
     API checker, the spaces shoal's policies see and the algorithms that take them, and its step
-    rate with random actions. Exit status 0 when it passed, 1 when it did not."""
+    rate with random actions. For env servers (remote://HOST:PORT: `shoal serve-env`, or a
+    simulator of yours behind proto/shoal.proto), the protocol's checks instead: every reply's
+    arrays, seeded resets, bad actions refused. Exit status 0 when it passed, 1 when it did not."""
 
     env_id: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ENV_ID")]
-    """Environment id (module:EnvId imports module first, as `shoal train --env` does)."""
+    """Environment id (module:EnvId imports module first, as `shoal train --env` does), or env
+    servers: remote://HOST:PORT[,HOST:PORT...][/ENV_ID]."""
     env_kwargs: tuple[str, ...] = ()
     """KEY=VALUE keyword arguments of the env's constructor (values read as YAML)."""
     env_wrapper: tuple[str, ...] = ()
@@ -685,15 +689,24 @@ def cmd_check_env(argv: list[str], console: Console) -> int:
 
     argv, wrappers = _take_wrappers(argv)
     args = _parse(CheckEnvArgs, _gather(argv, "--env-kwargs"), "shoal check-env")
-    if is_remote(args.env_id):
-        raise ShoalError("check-env checks an env made here: give its id, not an env server's remote:// URL")
     if not args.seconds >= 0:
         raise ShoalError(f"--seconds must be 0 or more, got {args.seconds}")
-    report = check_env(args.env_id, parse_set(list(args.env_kwargs), "--env-kwargs"), args.seconds,
-                       wrapper_pairs(wrapper_specs(wrappers)))
+    remote = is_remote(args.env_id)
+    if remote:
+        if args.env_kwargs or wrappers:
+            raise ShoalError("--env-kwargs and --env-wrapper are the env server's: give them to `shoal serve-env`")
+        from shoal.envcheck import check_remote_env
+
+        report = check_remote_env(args.env_id, args.seconds)
+    else:
+        report = check_env(args.env_id, parse_set(list(args.env_kwargs), "--env-kwargs"), args.seconds,
+                           wrapper_pairs(wrapper_specs(wrappers)))
     console.print(f"[bold]{args.env_id}[/bold]", highlight=False)
     found = f"FAILED: {report.problem}" if report.problem else "passed"
-    console.print(f"  Gymnasium's env checker: {found}", markup=False, highlight=False)
+    checker = "proto/shoal.proto's checks" if remote else "Gymnasium's env checker"
+    console.print(f"  {checker}: {found}", markup=False, highlight=False)
+    for line in report.remote:
+        console.print(f"    {line}", markup=False, highlight=False)
     for warning in report.warnings:
         console.print(f"    warning: {warning}", markup=False, highlight=False)
     if report.spaces is not None:
@@ -725,7 +738,8 @@ def cmd_check_env(argv: list[str], console: Console) -> int:
     elif report.steps:
         ended = (f"{report.episodes:,} episodes ended, {report.steps / report.episodes:,.1f} steps each on average"
                  if report.episodes else "no episode ended")
-        console.print(f"  random actions: {report.steps_per_s:,.0f} steps/s in one process ({report.steps:,} steps; "
+        where = "over the wire" if remote else "in one process"
+        console.print(f"  random actions: {report.steps_per_s:,.0f} steps/s {where} ({report.steps:,} steps; "
                       f"{ended})", markup=False, highlight=False)
     return 0 if report.ok else 1
 

@@ -1,6 +1,8 @@
 """``shoal check-env``: is an environment ready to train on? (stable-baselines3's ``check_env``,
 RLlib's env checker.) Gymnasium's own API checker, what shoal's policies make of its spaces and
-which algorithms take them, and how fast it steps with random actions."""
+which algorithms take them, and how fast it steps with random actions. For env servers
+(``remote://``, a simulator behind ``proto/shoal.proto`` in any language), the protocol's checks
+in place of Gymnasium's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from shoal.envs import EnvOptions, check_env_id, error_line, make_env, wrap
 from shoal.errors import ShoalError
@@ -42,6 +45,8 @@ class EnvReport:
     hindsight: str | None = None
     """For a goal env (a Dict of observation, achieved_goal and desired_goal): None where
     ``--her-goals`` can relabel its transitions, else why not; "" for any other env."""
+    remote: list[str] = field(default_factory=list)
+    """Env servers: what the protocol's checks found, one line each (a problem is in ``problem``)."""
 
     @property
     def ok(self) -> bool:
@@ -55,8 +60,6 @@ def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: fl
     :class:`EnvReport` says, stepping it with random actions for about ``seconds``. An env that
     cannot be made at all raises ShoalError."""
     from gymnasium.utils.env_checker import check_env as gymnasium_check
-
-    from shoal.algos import ALGOS
 
     check_env_id(env_id)
     report = EnvReport(env_id)
@@ -75,19 +78,113 @@ def check_env(env_id: str, env_kwargs: dict[str, Any] | None = None, seconds: fl
         report.warnings = list(dict.fromkeys(_ANSI.sub("", str(w.message)).removeprefix("WARN: ") for w in said
                                              if not (wrappers and "different from the unwrapped" in str(w.message))))
         report.spaces = (env.observation_space, env.action_space)
-        for name in sorted(ALGOS):
-            spec = ALGOS[name]
-            try:
-                spec.make_policy(spec.config_cls(), *report.spaces)
-                report.algorithms[name] = None
-            except ShoalError as e:
-                report.algorithms[name] = str(e)
+        _algorithms(report)
         report.hindsight = _hindsight(env)
         if report.problem is None:
             _time_random_steps(report, env, seconds)
     finally:
         env.close()
     return report
+
+
+def _algorithms(report: EnvReport) -> None:
+    """Which algorithms take ``report.spaces``, and why the others do not."""
+    from shoal.algos import ALGOS
+
+    for name in sorted(ALGOS):
+        spec = ALGOS[name]
+        try:
+            spec.make_policy(spec.config_cls(), *report.spaces)
+            report.algorithms[name] = None
+        except ShoalError as e:
+            report.algorithms[name] = str(e)
+
+
+def check_remote_env(url: str, seconds: float = 1.0) -> EnvReport:
+    """Check the env servers of a ``remote://`` URL as a run's runners use them: the spaces their
+    sessions describe (and the algorithms that take them); every reply to Reset and Step against
+    ``proto/shoal.proto`` (RemoteVectorEnv's checks: an array per env, of the described shape,
+    numbers or bools as the protocol has them); two resets with the same seed; actions of the
+    wrong shape and outside the action space, which must be refused with INVALID_ARGUMENT while
+    the session goes on; and the step rate over the wire with random actions for ``seconds``. A
+    server that cannot be reached, or whose spaces make no sense, raises ShoalError."""
+    from shoal.remote.client import RemoteVectorEnv
+
+    report = EnvReport(url)
+    env = RemoteVectorEnv(url, reconnect_s=0.0)
+    try:
+        report.spaces = (env.single_observation_space, env.single_action_space)
+        _algorithms(report)
+        report.hindsight = ""
+        per_server = ", ".join(f"{n} on {a}" for n, a in zip(env.sizes, env.addresses))
+        report.remote.append(f"sessions: {env.num_envs} envs ({per_server})")
+        try:
+            first, again = env.reset(seed=0)[0], env.reset(seed=0)[0]
+            report.remote.append("two resets with seed 0: the same observations" if np.array_equal(first, again) else
+                                 "two resets with seed 0: different observations (runs on it cannot be repeated)")
+            for what, actions in _bad_actions(env.single_action_space, env.sizes[0]):
+                if report.problem is None:
+                    _expect_refusal(report, env, what, actions)
+            if report.problem is None:
+                _time_random_vector_steps(report, env, seconds)
+        except ShoalError as e:
+            report.problem = str(e)
+    finally:
+        env.close()
+    return report
+
+
+def _bad_actions(space: gym.Space, n: int) -> list[tuple[str, np.ndarray]]:
+    """Actions an env server must refuse for a session of ``n`` envs: a row too many, and (where
+    the space has bounds) a value outside them."""
+    sample = np.stack([space.sample() for _ in range(n)])
+    bad = [("a row more than its envs", np.concatenate([sample, sample[:1]]))]
+    beyond = sample.copy()
+    if isinstance(space, gym.spaces.Box) and np.isfinite(space.high.flat[0]):
+        beyond.reshape(n, -1)[0, 0] = space.high.flat[0] + 1
+    elif isinstance(space, gym.spaces.Discrete):
+        beyond[0] = space.start + space.n
+    elif isinstance(space, gym.spaces.MultiDiscrete):
+        beyond.reshape(n, -1)[0, 0] = space.start.flat[0] + space.nvec.flat[0]
+    elif isinstance(space, gym.spaces.MultiBinary):
+        beyond.reshape(n, -1)[0, 0] = 2
+    else:
+        return bad
+    return [*bad, ("a value outside the action space", beyond)]
+
+
+def _expect_refusal(report: EnvReport, env: Any, what: str, actions: np.ndarray) -> None:
+    """Send ``actions`` to the first server's session: it must answer INVALID_ARGUMENT and go on."""
+    import grpc
+
+    from shoal.remote import shoal_pb2 as pb
+    from shoal.remote.wire import encode
+
+    conn, session = env.conns[0], env.sessions[0]
+    try:
+        conn("Step", pb.StepRequest(session=session, actions=encode(actions)))
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            report.problem = (f"env server {conn.address} answered actions with {what} with {e.code().name}, not "
+                              f"INVALID_ARGUMENT: {e.details()}")
+            return
+        env.step(env.action_space.sample())  # the session goes on (a ShoalError says why not)
+        report.remote.append(f"actions with {what}: refused with INVALID_ARGUMENT, and the session went on")
+        return
+    report.problem = (f"env server {conn.address} stepped actions with {what} ({actions.shape} {actions.dtype}), "
+                      f"where it must refuse them with INVALID_ARGUMENT")
+
+
+def _time_random_vector_steps(report: EnvReport, env: Any, seconds: float) -> None:
+    """Random actions over the wire for ``seconds``: env steps per second, all servers together."""
+    env.action_space.seed(0)
+    env.reset(seed=0)
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        report.steps += env.num_envs
+        report.episodes += int(np.sum(terminated | truncated))
+    report.steps_per_s = report.steps / (time.perf_counter() - start)
 
 
 def _hindsight(env: gym.Env) -> str | None:

@@ -108,9 +108,80 @@ def test_an_env_no_algorithm_takes_says_why_for_each(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["NoSuchEnv-v0"], "unknown environment 'NoSuchEnv-v0'"),
-    (["remote://127.0.0.1:50051"], "check-env checks an env made here"),
+    (["remote://127.0.0.1:1"], "env server 127.0.0.1:1: unreachable (is `shoal serve-env` running there?)"),
+    (["remote://127.0.0.1:1", "--env-kwargs", "a=1"], "--env-kwargs and --env-wrapper are the env server's: give "),
     (["CartPole-v1", "--env-kwargs", "nope=1"], "environment 'CartPole-v1' could not be made with env_kwargs"),
 ])
 def test_a_mistaken_check_is_one_line(capsys, argv, message):
     code, _, err = check(capsys, *argv)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+# -- env servers: the protocol's checks in place of Gymnasium's ---------------------------------------
+class Lenient:
+    """An env server (shoal's, told to misbehave) that steps actions outside the action space, as a
+    simulator of the user's might, or sends replies ``mangle`` spoils."""
+
+    def __init__(self, env_id, check_actions=True, mangle=None):
+        from shoal.remote import envserver
+
+        class Server(envserver.EnvServer):
+            def step(self, req, context):
+                if not check_actions:
+                    import shoal.remote.envserver as module
+
+                    real, module.check_actions = module.check_actions, lambda space, actions, n: np.clip(
+                        actions[:n], space.low, space.high) if isinstance(space, gym.spaces.Box) else actions[:n] % 2
+                    try:
+                        return super().step(req, context)
+                    finally:
+                        module.check_actions = real
+                reply = super().step(req, context)
+                if mangle is not None:
+                    mangle(reply)
+                return reply
+
+        self.server = Server(env_id, 2).start()
+
+    def __enter__(self):
+        return f"remote://{self.server.address}"
+
+    def __exit__(self, *exc):
+        self.server.stop(grace=0)
+
+
+@pytest.mark.parametrize("env_id, takes", [("CartPole-v1", "a2c, appo, ars, dqn, impala, ppo, qrdqn, sac, trpo"),
+                                           ("Pendulum-v1", "a2c, appo, ars, crossq, ddpg, impala, ppo, sac, td3, tqc, trpo")])
+def test_an_env_server_passes_the_protocols_checks(capsys, env_id, takes):
+    with Lenient(env_id) as url:
+        code, out, err = check(capsys, url)
+    assert code == 0, err
+    assert "proto/shoal.proto's checks: passed" in out and "Gymnasium" not in out
+    assert f"sessions: 2 envs (2 on {url.removeprefix('remote://')})" in out
+    assert "two resets with seed 0: the same observations" in out
+    assert "actions with a row more than its envs: refused with INVALID_ARGUMENT, and the session went on" in out
+    assert "actions with a value outside the action space: refused with INVALID_ARGUMENT, and the session went on" in out
+    assert f"trains with: {takes}" in out
+    rate = out.split("random actions: ")[1]
+    assert float(rate.split(" steps/s over the wire")[0].replace(",", "")) > 100, out
+
+
+def test_an_env_server_that_steps_actions_outside_its_space_fails_the_check(capsys):
+    with Lenient("Pendulum-v1", check_actions=False) as url:
+        code, out, _ = check(capsys, url)
+    assert code == 1
+    assert (f"proto/shoal.proto's checks: FAILED: env server {url.removeprefix('remote://')} stepped actions with a "
+            "row more than its envs ((3, 1) float32), where it must refuse them with INVALID_ARGUMENT") in out, out
+
+
+def test_an_env_server_whose_replies_break_the_protocol_fails_the_check_naming_the_array(capsys):
+    from shoal.remote.wire import encode
+
+    def mangle(reply):
+        reply.rewards.CopyFrom(encode(np.zeros(3)))
+
+    with Lenient("CartPole-v1", mangle=mangle) as url:
+        code, out, _ = check(capsys, url)
+    assert code == 1
+    assert (f"FAILED: env server {url.removeprefix('remote://')} replied to Step with rewards of shape (3,) (float64), "
+            "where its 2 envs need shape (2,) (numbers): it does not keep to proto/shoal.proto") in out, out

@@ -120,6 +120,20 @@ def test_the_node_simulator_steps_as_gymnasiums_cartpole_through_remote_vector_e
     env.close()
 
 
+def test_the_node_simulator_passes_shoal_check_env(serve, monkeypatch, capsys):
+    """`shoal check-env remote://...`: the checks a simulator's author runs against a server of
+    their own, here the Node.js one: every reply's arrays, seeded resets, bad actions refused."""
+    from shoal.cli import main
+
+    monkeypatch.setenv("SHOAL_TOKEN", TOKEN)
+    code = main(["check-env", f"remote://{serve('--num-envs', '3')}", "--seconds", "0.3"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "proto/shoal.proto's checks: passed" in out and "two resets with seed 0: the same observations" in out
+    assert out.count("refused with INVALID_ARGUMENT, and the session went on") == 2, out
+    assert "trains with: a2c, appo, ars, dqn, impala, ppo, qrdqn, sac, trpo" in out and "steps/s over the wire" in out
+
+
 def test_bad_requests_get_clear_statuses_and_the_node_server_keeps_serving(serve, monkeypatch, server_js):
     addr = serve("--num-envs", "2", "--max-sessions", "3", "--max-message-mb", "0.0625")
     session = pb.OpenReply.FromString(raw_call(addr, "Open", b"", TOKEN)).session

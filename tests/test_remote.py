@@ -27,6 +27,7 @@ def servers():
         started.append(server)
         return server
 
+    start.started = started
     yield start
     for s in started:
         s.stop(grace=0)
@@ -135,6 +136,70 @@ def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eva
     assert "does not fit Pendulum-v1: the env gives observations" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "flags"), "--video", str(tmp_path / "v")]) == 2
     assert "add --env ENV_ID" in capsys.readouterr().err
+
+
+def spoiling(servers, spoil):
+    """A started env server of 2 CartPoles whose step replies ``spoil`` changes."""
+    class Spoiling(EnvServer):
+        def step(self, req, context):
+            reply = super().step(req, context)
+            spoil(reply)
+            return reply
+
+    server = Spoiling("CartPole-v1", 2).start()
+    servers.started.append(server)
+    return server
+
+
+def _spoil(field, value):
+    def spoil(reply):
+        if isinstance(value, bytes):
+            getattr(reply, field).data = value
+        elif field.startswith("final_info/"):
+            reply.info[field].CopyFrom(encode(value))
+        else:
+            getattr(reply, field).CopyFrom(encode(value))
+    return spoil
+
+
+@pytest.mark.parametrize("spoil, message", [
+    (_spoil("obs", np.zeros((2, 3), np.float32)), "replied to Step with obs of shape (2, 3) (float32), where its 2 envs "
+                                                  "need shape (2, 4) (numbers)"),
+    (_spoil("rewards", np.zeros(1)), "replied to Step with rewards of shape (1,) (float64), where its 2 envs need "
+                                     "shape (2,) (numbers)"),
+    (_spoil("terminated", np.zeros(2)), "replied to Step with terminated of shape (2,) (float64), where its 2 envs "
+                                        "need shape (2,) (bool)"),
+    (_spoil("final_obs", np.zeros((2, 4), bool)), "replied to Step with final_obs of shape (2, 4) (bool), where its 2 "
+                                                  "envs need shape (2, 4) (numbers)"),
+    (_spoil("obs", b"abc"), "replied to Step with a malformed obs array (3 bytes do not hold a float32 array of shape "
+                            "(2, 4))"),
+    (_spoil("final_info/score", np.zeros(3)), "replied to Step with info entry final_info/score of shape (3,), where "
+                                              "its 2 envs need one value each"),
+])
+def test_a_server_whose_replies_break_the_protocol_is_named_in_one_line(servers, spoil, message):
+    """A simulator in another language behind the .proto may get a reply wrong: the client says
+    which server, which array and what the protocol needs, instead of failing later in NumPy or
+    the policy with shapes nobody can place."""
+    server = spoiling(servers, spoil)
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    env.reset(seed=0)
+    with pytest.raises(ShoalError) as caught:
+        env.step(np.zeros(2, np.int64))
+    assert str(caught.value) == f"env server {server.address} {message}: it does not keep to proto/shoal.proto"
+    env.close()
+
+
+def test_replies_in_another_numeric_dtype_are_taken_as_the_spaces(servers):
+    def wider(reply):
+        reply.obs.CopyFrom(encode(decode(reply.obs).astype(np.float64)))
+        reply.rewards.CopyFrom(encode(decode(reply.rewards).astype(np.int32)))
+
+    server = spoiling(servers, wider)
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    env.reset(seed=0)
+    obs, rewards, *_ = env.step(np.zeros(2, np.int64))
+    assert obs.dtype == np.float32 and rewards.dtype == np.float64 and (rewards == 1).all()
+    env.close()
 
 
 def test_a_restarted_server_is_reconnected(servers):

@@ -28,7 +28,7 @@ from gymnasium.vector.utils import batch_space
 
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
-from shoal.remote.wire import decode, decode_final_info, decode_space, encode
+from shoal.remote.wire import WireError, decode, decode_final_info, decode_space, encode
 
 SCHEME = "remote://"
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -239,10 +239,19 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if (info.observation_space, info.action_space) != (first.observation_space, first.action_space):
                 raise ShoalError(f"env server {conn.address} serves {info.env_id!r} with other spaces than "
                                  f"{self.conns[0].address} ({first.env_id!r})")
+            if info.num_envs < 1:
+                raise self._misbehaved(self.conns.index(conn), f"opened a session of {info.num_envs} envs")
         self.spec_id = first.env_id
         self.num_envs = sum(self.sizes)
-        self.single_observation_space = decode_space(first.observation_space)
-        self.single_action_space = decode_space(first.action_space)
+        try:
+            self.single_observation_space = decode_space(first.observation_space)
+            self.single_action_space = decode_space(first.action_space)
+        except WireError as e:
+            raise self._misbehaved(0, f"described its spaces wrongly ({e})") from None
+        space = self.single_observation_space
+        # the dtype kinds each array of a reply may come in (cast to the space's dtype): numbers
+        # for a float box, integers for integer spaces; flags as bools
+        self._obs_kinds = "fiu" if space.dtype.kind == "f" else "iub"
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.bounds = np.cumsum([0, *self.sizes])
@@ -255,7 +264,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     # -- Gymnasium API -----------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         replies = [self._retrying(i, "Reset", lambda i=i: self._reset_request(i, seed)) for i in range(len(self.conns))]
-        obs = np.concatenate([decode(r.obs) for r in replies])
+        obs = np.concatenate([self._checked(i, "Reset", "obs", lambda r=r: r.obs, self._obs_kinds)
+                              for i, r in enumerate(replies)])
         self.last_obs = obs
         return obs.copy(), {}
 
@@ -284,11 +294,10 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 if sent[i] is not None:
                     raise sent[i]
                 r = conn.receive_step()
-                parts.append((decode(r.obs), decode(r.rewards), decode(r.terminated), decode(r.truncated),
-                              decode(r.final_obs)))
-                final_infos.append((self.bounds[i], decode_final_info(r.info)))
+                parts.append(self._step_arrays(i, r))
+                final_infos.append((self.bounds[i], self._final_info(i, r)))
                 if r.HasField("env_errors"):  # envs the server replaced after they raised
-                    failed = decode(r.env_errors).astype(bool, copy=False)
+                    failed = self._checked(i, "Step", "env_errors", lambda: r.env_errors, "b", ())
                     errors[self.bounds[i]:self.bounds[i + 1]] |= failed
                     self.env_restarts += int(failed.sum())
                     self.last_error = f"{r.env_error} (on {conn.address})"
@@ -309,6 +318,48 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.last_obs = obs
         return obs.copy(), rewards.astype(np.float64), terminated.copy(), truncated.copy(), info
 
+    # -- replies, as proto/shoal.proto has them (a server in any language may get them wrong) -------
+    def _misbehaved(self, i: int, what: str) -> ShoalError:
+        return ShoalError(f"env server {self.conns[i].address} {what}: it does not keep to proto/shoal.proto")
+
+    def _checked(self, i: int, call: str, name: str, field: Any, kinds: str, shape: tuple[int, ...] | None = None
+                 ) -> np.ndarray:
+        """Server ``i``'s reply array ``name`` (``field()``, decoded) with one row per env of its
+        session, each of ``shape`` (None: an observation's), in a dtype of one of ``kinds``
+        (NumPy's dtype kinds), as the space's dtype, or a :class:`ShoalError` naming the server."""
+        n = self.sizes[i]
+        space = self.single_observation_space
+        shape = (n, *(space.shape if shape is None else shape))
+        try:
+            x = decode(field())
+        except WireError as e:
+            raise self._misbehaved(i, f"replied to {call} with a malformed {name} array ({e})") from None
+        if x.shape != shape or x.dtype.kind not in kinds:
+            want = {"b": "bool", "fiu": "numbers", "iub": "integers"}.get(kinds, kinds)
+            raise self._misbehaved(i, f"replied to {call} with {name} of shape {x.shape} ({x.dtype}), where its {n} "
+                                      f"envs need shape {shape} ({want})")
+        return x if kinds == "b" else x.astype(space.dtype if name in ("obs", "final_obs") else np.float64, copy=False)
+
+    def _step_arrays(self, i: int, r: pb.StepReply) -> tuple[np.ndarray, ...]:
+        """A step reply's obs, rewards, terminated, truncated and final_obs, checked."""
+        return (self._checked(i, "Step", "obs", lambda: r.obs, self._obs_kinds),
+                self._checked(i, "Step", "rewards", lambda: r.rewards, "fiu", ()),
+                self._checked(i, "Step", "terminated", lambda: r.terminated, "b", ()),
+                self._checked(i, "Step", "truncated", lambda: r.truncated, "b", ()),
+                self._checked(i, "Step", "final_obs", lambda: r.final_obs, self._obs_kinds))
+
+    def _final_info(self, i: int, r: pb.StepReply) -> dict[str, np.ndarray]:
+        """A step reply's final_info entries, one value per env of the session."""
+        try:
+            entries = decode_final_info(r.info)
+        except WireError as e:
+            raise self._misbehaved(i, f"replied to Step with a malformed info entry ({e})") from None
+        for key, value in entries.items():
+            if value.shape != (self.sizes[i],):
+                raise self._misbehaved(i, f"replied to Step with info entry final_info/{key[:50]} of shape "
+                                          f"{value.shape}, where its {self.sizes[i]} envs need one value each")
+        return entries
+
     def close_extras(self, **kwargs: Any) -> None:
         for conn, session in zip(self.conns, self.sessions):
             try:
@@ -326,8 +377,9 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         n = hi - lo
         self.reconnects += 1
         self.dropped_episodes += n
-        last = self.last_obs[lo:hi] if self.last_obs is not None else decode(reply.obs)
-        return (decode(reply.obs), np.zeros(n), np.zeros(n, bool), np.ones(n, bool), np.array(last))
+        obs = self._checked(i, "Reset", "obs", lambda: reply.obs, self._obs_kinds)
+        last = self.last_obs[lo:hi] if self.last_obs is not None else obs
+        return (obs, np.zeros(n), np.zeros(n, bool), np.ones(n, bool), np.array(last))
 
     def _reopen(self, i: int, error: grpc.RpcError) -> pb.ResetReply:
         conn = self.conns[i]
