@@ -779,6 +779,9 @@ class ServeEnvArgs:
     """Other env ids clients may open (an allowlist; the default id is always allowed)."""
     max_sessions: int = 16
     """Sessions (clients' vector envs) held at once; more are refused with RESOURCE_EXHAUSTED."""
+    max_sessions_per_client: int | None = None
+    """Sessions one client may hold at once (a client: the host its calls come from, whose runners
+    and evaluator each open one), so that one cannot take them all; default: --max-sessions."""
     session_timeout_s: float = 300.0
     """Close a session idle for this long (a client that vanished)."""
     max_message_mb: float = 16.0
@@ -815,9 +818,12 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     argv, wrappers = _take_wrappers(argv)
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     _check_flags(("--max-sessions", args.max_sessions, "at least 1"),
+                 ("--max-sessions-per-client", 1 if args.max_sessions_per_client is None else args.max_sessions_per_client,
+                  "at least 1"),
                  ("--session-timeout-s", args.session_timeout_s, "positive"),
                  ("--max-message-mb", args.max_message_mb, "positive"))
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,
+                       max_sessions_per_client=args.max_sessions_per_client,
                        env_kwargs=parse_set(list(args.env_kwargs), "--env-kwargs"),
                        env_options=EnvOptions(args.frame_stack, args.info_action_mask,
                                               wrapper_pairs(wrapper_specs(wrappers))),

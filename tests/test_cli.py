@@ -910,6 +910,8 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["eval", ".", "--episodes", "-2"], "--episodes must be at least 1, got -2"),
     (["serve-env", "CartPole-v1", "--session-timeout-s", "0"], "--session-timeout-s must be positive, got 0"),
     (["serve-env", "CartPole-v1", "--max-sessions", "0"], "--max-sessions must be at least 1, got 0"),
+    (["serve-env", "CartPole-v1", "--max-sessions-per-client", "0"], "--max-sessions-per-client must be at least 1, "
+                                                                     "got 0"),
     (["serve-policy", ".", "--max-wait-ms", "-1"], "--max-wait-ms must be at least 0, got -1"),
     (["serve-policy", ".", "--max-message-mb", "nan"], "--max-message-mb must be positive, got nan"),
     (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),

@@ -330,6 +330,38 @@ def test_bad_requests_get_clear_statuses_and_the_server_keeps_serving(servers):
     raw_call(addr, "Open", good, TOKEN)
 
 
+def test_one_client_holds_at_most_its_share_of_sessions_and_others_still_get_theirs(servers, monkeypatch):
+    """--max-sessions-per-client: a client is the host its calls come from (all of one machine's
+    runners); here two clients on loopback are told apart by a header the test sends."""
+    import shoal.remote.envserver as envserver
+
+    monkeypatch.setattr(envserver, "client_of", lambda context: dict(context.invocation_metadata())["x-client"])
+    server = servers(num_envs=1, max_sessions=3, max_sessions_per_client=2)
+
+    def open_as(client):
+        with grpc.insecure_channel(server.address) as channel:
+            call = channel.unary_unary("/shoal.v1.EnvService/Open")
+            return pb.OpenReply.FromString(call(b"", timeout=5, metadata=(("x-client", client),))).session
+
+    a = [open_as("a"), open_as("a")]
+    assert status_of(lambda: open_as("a")) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "client a holds its maximum of 2 sessions here (--max-sessions-per-client); "
+                                            "close one or retry later")
+    open_as("b")
+    assert status_of(lambda: open_as("b")) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "server holds its maximum of 3 sessions; close one or retry later")
+    server.close(pb.CloseRequest(session=a[0]), None)
+    open_as("a")
+    assert sorted(s.client for s in server.sessions.values()) == ["a", "a", "b"]
+
+
+def test_a_client_is_the_host_its_calls_come_from(servers):
+    server = servers(num_envs=1)
+    env, other = RemoteVectorEnv(f"remote://{server.address}"), RemoteVectorEnv(f"remote://{server.address}")
+    assert [s.client for s in server.sessions.values()] == ["ipv4:127.0.0.1"] * 2  # one machine, any port
+    env.close(), other.close()
+
+
 def test_health_service_reports_serving(servers):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

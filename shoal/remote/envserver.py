@@ -3,7 +3,8 @@
 ``shoal serve-env CartPole-v1 --num-envs 16`` serves them on 127.0.0.1; trainers connect with
 ``--env remote://HOST:PORT`` (:class:`shoal.remote.client.RemoteVectorEnv`), and clients in any
 language with ``proto/shoal.proto``. Each session owns its envs; idle sessions (a client that
-vanished) are closed after ``session_timeout_s``; at most ``max_sessions`` exist at once.
+vanished) are closed after ``session_timeout_s``; at most ``max_sessions`` exist at once, and at
+most ``max_sessions_per_client`` of them are one client's (a client: the host its calls come from).
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ ENV_ERROR_LOG_INTERVAL_S = 10.0
 """Envs that raise are logged at once, then at most once per this many seconds, with a count."""
 
 
+def client_of(context: Any) -> str:
+    """Who a call comes from: the peer's host without its port ("ipv4:10.0.0.5", "ipv6:[::1]"),
+    which every channel and process of one machine shares."""
+    peer = context.peer() or ""
+    return peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+
+
 class Session:
     """One client's vector env."""
 
     def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any] | None = None,
-                 options: EnvOptions = NO_OPTIONS):
-        self.env_id = env_id
+                 options: EnvOptions = NO_OPTIONS, client: str = ""):
+        self.env_id, self.client = env_id, client
         self.env = make_vector_env(env_id, num_envs, kwargs, options)
         self.lock = threading.Lock()
         self.last_used = time.monotonic()
@@ -43,10 +51,12 @@ class EnvServer:
     """Hosts sessions of ``env_id`` (or of the ``allow``-ed ids a client asks for)."""
 
     def __init__(self, env_id: str, num_envs: int = 8, *, allow: tuple[str, ...] = (), max_sessions: int = 16,
-                 session_timeout_s: float = 300.0, env_kwargs: dict[str, Any] | None = None,
-                 env_options: EnvOptions = NO_OPTIONS, **server_options: Any):
+                 max_sessions_per_client: int | None = None, session_timeout_s: float = 300.0,
+                 env_kwargs: dict[str, Any] | None = None, env_options: EnvOptions = NO_OPTIONS,
+                 **server_options: Any):
         if num_envs < 1:
             raise ShoalError("--num-envs must be at least 1")
+        self.max_sessions_per_client = max_sessions_per_client or max_sessions
         self.env_id, self.num_envs = env_id, num_envs
         self.env_kwargs = dict(env_kwargs or {})  # for env_id's envs; allowed ids are made as they are
         self.env_options = env_options  # for every id served
@@ -130,16 +140,25 @@ class EnvServer:
 
     def open(self, req: pb.OpenRequest, context: Any) -> pb.OpenReply:
         env_id = self._env_id(req.env_id)
-        with self.lock:
-            full = len(self.sessions) >= self.max_sessions
-        if full and not self.reap():
-            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"server holds its maximum of {self.max_sessions} sessions; close one or retry later")
+        client = client_of(context)
+        if self._full(client) and (not self.reap() or self._full(client)):  # idle sessions make room first
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._full(client)}; close one or retry later")
         key = uuid.uuid4().hex
-        session = Session(env_id, self.num_envs, self.env_kwargs if env_id == self.env_id else None, self.env_options)
+        session = Session(env_id, self.num_envs, self.env_kwargs if env_id == self.env_id else None, self.env_options,
+                          client)
         with self.lock:
             self.sessions[key] = session
         return pb.OpenReply(session=key, info=self.info[env_id])
+
+    def _full(self, client: str) -> str:
+        """Why ``client`` may not open another session now ("" if it may)."""
+        with self.lock:
+            if len(self.sessions) >= self.max_sessions:
+                return f"server holds its maximum of {self.max_sessions} sessions"
+            if sum(s.client == client for s in self.sessions.values()) >= self.max_sessions_per_client:
+                return (f"client {client} holds its maximum of {self.max_sessions_per_client} sessions here "
+                        "(--max-sessions-per-client)")
+        return ""
 
     def reset(self, req: pb.ResetRequest, context: Any) -> pb.ResetReply:
         s = self._session(req.session)
