@@ -373,6 +373,7 @@ def _print_summary(s: dict[str, Any], console: Console) -> None:
     status = ("[green]solved[/green]" if s["solved"] else
               f"stopped at --stop-time-s ({s['wall_s']:.1f} s of wall time, start-up and evaluations included)"
               if s.get("timed_out") else
+              f"stopped at --stop-episodes ({s['episodes']:,} training episodes)" if s.get("out_of_episodes") else
               f"stopped at --stop-patience (the last {s['patience']} evaluations were no better)" if s.get("stalled")
               else "done")
     from shoal.evaluator import format_returns

@@ -85,6 +85,10 @@ class Config:
     stop_time_s: float | None = None
     """Stop once the run's wall time (time/wall_s: sampling, learning, evaluations, checkpoints, and
     the sessions before a resume) reaches this many seconds; the run then evaluates and saves."""
+    stop_episodes: int | None = None
+    """Stop once this many training episodes have ended, every runner's env's together (and the
+    sessions' before a resume): stable-baselines3's StopTrainingOnMaxEpisodes (which counts them
+    per env), RLlib's num_episodes_lifetime; the run then evaluates and saves."""
     run_dir: str | None = None
     """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -221,6 +225,7 @@ class Config:
                "max_env_restarts, max_runner_restarts and max_failures must be >= 0")
         _check(self.runner_timeout_s > 0, "runner_timeout_s must be positive")
         _check(self.stop_time_s is None or self.stop_time_s > 0, "stop_time_s must be positive (or None)")
+        _check(self.stop_episodes is None or self.stop_episodes >= 1, "stop_episodes must be at least 1 (or None)")
         _check(self.wandb_project is not None or (self.wandb_entity is None and self.wandb_group is None
                                                   and not self.wandb_tags),
                "wandb_entity, wandb_group and wandb_tags place a run tracked in W&B: give --wandb-project too")
@@ -363,6 +368,9 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "prioritized_replay_beta": ("RLlib's", {"priority_beta": ""}),
     "vtrace_clip_rho_threshold": ("RLlib's", {"vtrace_rho_bar": ""}),
     "time_total_s": ("RLlib's", {"stop_time_s": ""}),
+    "num_episodes_lifetime": ("RLlib's", {"stop_episodes": ""}),
+    "max_episodes": ("SB3's StopTrainingOnMaxEpisodes", {"stop_episodes": ", counted over every env together "
+                                                                         "(SB3's max_episodes x n_envs)"}),
     "num_gpus": ("RLlib's", {"device": ""}),
     "env_wrapper": ("rl-zoo's", {"env_wrappers": " (the same list)"}),
     "wrapper_class": ("SB3's", {"env_wrappers": " (a list of them)"}),

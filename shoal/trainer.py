@@ -185,7 +185,8 @@ Callback = Callable[[Algorithm, dict[str, Any]], "bool | None"]
 
 def fit(algo: Algorithm, run: RunDir, console: Console | None = None, callback: Callback | None = None,
         label: str | None = None) -> dict[str, Any]:
-    """Train until ``total_steps``, ``stop_return``, ``stop_patience`` or ``stop_time_s``; returns a summary of the run.
+    """Train until ``total_steps``, ``stop_return``, ``stop_patience``, ``stop_time_s`` or ``stop_episodes``;
+    returns a summary of the run.
 
     ``callback(algo, metrics)``, if given, runs after every iteration (after its row of
     progress.csv, when it has one: see ``log_interval``, and its evaluation, when it has one:
@@ -236,6 +237,9 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
     def out_of_time() -> bool:
         return c.stop_time_s is not None and algo.wall_s >= c.stop_time_s
 
+    def out_of_episodes() -> bool:
+        return c.stop_episodes is not None and algo.num_episodes >= c.stop_episodes
+
     def evaluate() -> dict[str, Any]:
         nonlocal best, stale
         result = algo.evaluate()
@@ -270,7 +274,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
             def more() -> bool:
                 """Whether the run has more to train."""
                 return (algo.env_steps < c.total_steps and not solved and not halted and not stalled()
-                        and not (ran and out_of_time()))
+                        and not (ran and out_of_time()) and not out_of_episodes())
 
             while more() and not stop.asked:
                 metrics, ran = algo.train(), True
@@ -318,14 +322,15 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
     last = saved[1] if saved is not None and saved[0] == algo.env_steps else save()
     run.close()
     plot = plot_runs([run.path], run.path / "curve.png")
+    ended = not solved and not halted and not stalled() and algo.env_steps < c.total_steps  # by a limit of its own
     return {"run_dir": str(run.path), "env_steps": algo.env_steps, "iterations": algo.iteration,
             "elapsed_s": algo.elapsed_s, "eval_return_mean": evaluation["eval/return_mean"],
             "eval_return_std": evaluation["eval/return_std"], "best_eval_return": best,
             "eval_success_rate": evaluation.get("eval/success_rate"),
             "solved": solved, "stopped_by_callback": halted,
             "stalled": not solved and not halted and stalled(),
-            "timed_out": (not solved and not halted and not stalled() and algo.env_steps < c.total_steps
-                          and out_of_time()),
+            "timed_out": ended and out_of_time(),
+            "out_of_episodes": ended and not out_of_time() and out_of_episodes(), "episodes": algo.num_episodes,
             "checkpoint": str(last), "plot": str(plot), "wall_s": algo.wall_s, "patience": c.stop_patience,
             "videos": str(run.path / "videos") if videos else None,
             "wandb": run.wandb.where if run.wandb is not None else None}
@@ -454,8 +459,8 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
 def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
     """The summary of a run that ``config`` would not train further (its newest checkpoint at
     total_steps, its last evaluation at stop_return, stop_patience evaluations in a row no better,
-    or its wall time at stop_time_s), read from its files as :func:`fit` gives it; None for a run
-    that trains on."""
+    its wall time at stop_time_s, or its training episodes at stop_episodes), read from its files as
+    :func:`fit` gives it; None for a run that trains on."""
     path = ckpt.resolve(run_dir)
     meta = ckpt.read_meta(path)
     steps = int(meta["env_steps"])
@@ -466,12 +471,15 @@ def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
     best, stale = _best_and_after(returns)
     solved = bool(returns) and config.stop_return is not None and returns[-1] >= config.stop_return
     stalled = config.stop_patience is not None and stale >= config.stop_patience
-    progress = [r for r in read_rows(run / "progress.csv", ("env_steps", "time/wall_s"))
+    progress = [r for r in read_rows(run / "progress.csv", ("env_steps", "time/wall_s", "episode/count"))
                 if float(r.get("env_steps") or 0) <= steps] if (run / "progress.csv").exists() else []
     wall = float(progress[-1].get("time/wall_s") or 0.0) if progress else 0.0
     timed_out = config.stop_time_s is not None and wall >= config.stop_time_s
-    if not (steps >= config.total_steps or solved or stalled or timed_out) or not evals:
+    episodes = int(float(progress[-1].get("episode/count") or 0)) if progress else 0
+    out_of_episodes = config.stop_episodes is not None and episodes >= config.stop_episodes
+    if not (steps >= config.total_steps or solved or stalled or timed_out or out_of_episodes) or not evals:
         return None
+    ended = not solved and not stalled and steps < config.total_steps
     last = evals[-1]
     success = last.get("eval/success_rate")
     return {"run_dir": str(run), "env_steps": steps, "iterations": int(meta["iteration"]),
@@ -479,8 +487,8 @@ def finished_summary(run_dir: str | Path, config: Any) -> dict[str, Any] | None:
             "eval_return_mean": returns[-1], "eval_return_std": float(last.get("eval/return_std") or 0.0),
             "best_eval_return": best, "eval_success_rate": float(success) if success else None,
             "solved": solved, "stopped_by_callback": False, "stalled": not solved and stalled,
-            "timed_out": not solved and not stalled and steps < config.total_steps and timed_out,
-            "checkpoint": str(path), "plot": str(run / "curve.png"), "wall_s": wall,
+            "timed_out": ended and timed_out, "out_of_episodes": ended and not timed_out and out_of_episodes,
+            "episodes": episodes, "checkpoint": str(path), "plot": str(run / "curve.png"), "wall_s": wall,
             "patience": config.stop_patience, "videos": str(run / "videos") if (run / "videos").is_dir() else None,
             "ended_before": True}
 
@@ -522,6 +530,9 @@ def resume(run_dir: str | Path, config: Any | None = None, console: Console | No
             if config.stop_time_s is not None and instance.wall_s >= config.stop_time_s:
                 raise ShoalError(f"{run_dir} already ran for {instance.wall_s:.0f} s of stop_time_s="
                                  f"{config.stop_time_s:g}: pass a larger --stop-time-s to train on")
+            if config.stop_episodes is not None and instance.num_episodes >= config.stop_episodes:
+                raise ShoalError(f"{run_dir} already ended {instance.num_episodes:,} training episodes of "
+                                 f"stop_episodes={config.stop_episodes:,}: pass a larger --stop-episodes to train on")
             stale = _best_eval(run, instance.env_steps)[1]
             if config.stop_patience is not None and stale >= config.stop_patience:
                 raise ShoalError(f"{run_dir} already had {stale} evaluations in a row no better than its best, of "

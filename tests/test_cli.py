@@ -429,6 +429,36 @@ def test_a_directory_of_seeds_resumes_in_one_command_begun_runs_go_on_and_the_ot
     assert not (runs / "seed_9").exists()
 
 
+def test_stop_episodes_ends_a_run_after_that_many_training_episodes_and_a_resume_needs_more(capsys, tmp_path):
+    """SB3's StopTrainingOnMaxEpisodes, RLlib's num_episodes_lifetime: the training episodes of every
+    env together, the sessions' before a resume too; the run stops after the iteration that reached
+    them, evaluates and saves."""
+    run = tmp_path / "episodes"
+    code, _, err = run_cli(capsys, "train", "ppo", "--stop-episodes", "30", "--total-steps", "100000000",
+                           "--eval-interval", "0", "--log-interval", "1", "--run-dir", str(run), *FAST)
+    assert code == 0 and "stopped at --stop-episodes (" in err, err
+    rows = shoal.rundir.read_rows(run / "progress.csv")
+    counts = [int(float(r["episode/count"])) for r in rows]
+    assert counts[-1] >= 30 > counts[-2], counts  # the first iteration past the limit was the last
+    assert f"stopped at --stop-episodes ({counts[-1]:,} training episodes): eval return" in err, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(run))
+    assert code == 2 and (f"{run} already ended {counts[-1]:,} training episodes of stop_episodes=30: pass a larger "
+                          "--stop-episodes to train on") in err, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(run), "--stop-episodes", str(counts[-1] + 20))
+    assert code == 0 and "stopped at --stop-episodes (" in err, err
+    assert int(float(shoal.rundir.read_rows(run / "progress.csv")[-1]["episode/count"])) >= counts[-1] + 20
+    code, _, err = run_cli(capsys, "train", "ppo", "--stop-episodes", "0")
+    assert code == 2 and "stop_episodes must be at least 1" in err
+    # seeds stopped so have ended for a resume of their directory
+    runs = tmp_path / "seeds"
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", "--stop-episodes", "5", "--total-steps",
+                           "100000", "--run-dir", str(runs), *FAST)
+    assert code == 0 and err.count("stopped at --stop-episodes") == 2, err
+    code, _, err = run_cli(capsys, "train", "--resume", str(runs), "--no-progress")
+    assert code == 0 and err.count("(it had ended before: nothing left to train)") == 2, err
+    assert err.count("stopped at --stop-episodes") == 2, err
+
+
 def test_seeds_stopped_by_their_time_limit_have_ended_for_a_resume_of_their_directory(capsys, tmp_path):
     runs = tmp_path / "seeds"
     code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", "--stop-time-s", "0.001", "--total-steps",
