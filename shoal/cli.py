@@ -819,8 +819,8 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     argv, wrappers = _take_wrappers(argv)
     args = _parse(ServeEnvArgs, _gather(_gather(argv, "--allow"), "--env-kwargs"), "shoal serve-env")
     _check_flags(("--max-sessions", args.max_sessions, "at least 1"),
-                 ("--max-sessions-per-client", 1 if args.max_sessions_per_client is None else args.max_sessions_per_client,
-                  "at least 1"),
+                 ("--max-sessions-per-client",
+                  1 if args.max_sessions_per_client is None else args.max_sessions_per_client, "at least 1"),
                  ("--session-timeout-s", args.session_timeout_s, "positive"),
                  ("--max-message-mb", args.max_message_mb, "positive"))
     server = EnvServer(args.env_id, args.num_envs, allow=args.allow, max_sessions=args.max_sessions,

@@ -163,8 +163,8 @@ def _spoil(field, value):
 
 
 @pytest.mark.parametrize("spoil, message", [
-    (_spoil("obs", np.zeros((2, 3), np.float32)), "replied to Step with obs of shape (2, 3) (float32), where its 2 envs "
-                                                  "need shape (2, 4) (numbers)"),
+    (_spoil("obs", np.zeros((2, 3), np.float32)), "replied to Step with obs of shape (2, 3) (float32), where its 2 "
+                                                  "envs need shape (2, 4) (numbers)"),
     (_spoil("rewards", np.zeros(1)), "replied to Step with rewards of shape (1,) (float64), where its 2 envs need "
                                      "shape (2,) (numbers)"),
     (_spoil("terminated", np.zeros(2)), "replied to Step with terminated of shape (2,) (float64), where its 2 envs "
@@ -344,9 +344,8 @@ def test_one_client_holds_at_most_its_share_of_sessions_and_others_still_get_the
             return pb.OpenReply.FromString(call(b"", timeout=5, metadata=(("x-client", client),))).session
 
     a = [open_as("a"), open_as("a")]
-    assert status_of(lambda: open_as("a")) == (
-        grpc.StatusCode.RESOURCE_EXHAUSTED, "client a holds its maximum of 2 sessions here (--max-sessions-per-client); "
-                                            "close one or retry later")
+    assert status_of(lambda: open_as("a")) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "client a holds its maximum of 2 "
+                                               "sessions here (--max-sessions-per-client); close one or retry later")
     open_as("b")
     assert status_of(lambda: open_as("b")) == (
         grpc.StatusCode.RESOURCE_EXHAUSTED, "server holds its maximum of 3 sessions; close one or retry later")

@@ -56,7 +56,9 @@ class EnvServer:
                  **server_options: Any):
         if num_envs < 1:
             raise ShoalError("--num-envs must be at least 1")
-        self.max_sessions_per_client = max_sessions_per_client or max_sessions
+        if max_sessions_per_client is not None and max_sessions_per_client < 1:
+            raise ShoalError(f"--max-sessions-per-client must be at least 1, got {max_sessions_per_client}")
+        self.max_sessions_per_client = max_sessions if max_sessions_per_client is None else max_sessions_per_client
         self.env_id, self.num_envs = env_id, num_envs
         self.env_kwargs = dict(env_kwargs or {})  # for env_id's envs; allowed ids are made as they are
         self.env_options = env_options  # for every id served
