@@ -352,6 +352,8 @@ def test_one_client_holds_at_most_its_share_of_sessions_and_others_still_get_the
     server.close(pb.CloseRequest(session=a[0]), None)
     open_as("a")
     assert sorted(s.client for s in server.sessions.values()) == ["a", "a", "b"]
+    with pytest.raises(ShoalError, match="^--max-sessions-per-client must be at least 1, got 0$"):
+        EnvServer("CartPole-v1", 1, max_sessions_per_client=0)  # in Python as on the command line
 
 
 def test_a_client_is_the_host_its_calls_come_from(servers):
