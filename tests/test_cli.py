@@ -449,24 +449,18 @@ def test_stop_episodes_ends_a_run_after_that_many_training_episodes_and_a_resume
     assert int(float(shoal.rundir.read_rows(run / "progress.csv")[-1]["episode/count"])) >= counts[-1] + 20
     code, _, err = run_cli(capsys, "train", "ppo", "--stop-episodes", "0")
     assert code == 2 and "stop_episodes must be at least 1" in err
-    # seeds stopped so have ended for a resume of their directory
-    runs = tmp_path / "seeds"
-    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", "--stop-episodes", "5", "--total-steps",
-                           "100000", "--run-dir", str(runs), *FAST)
-    assert code == 0 and err.count("stopped at --stop-episodes") == 2, err
-    code, _, err = run_cli(capsys, "train", "--resume", str(runs), "--no-progress")
-    assert code == 0 and err.count("(it had ended before: nothing left to train)") == 2, err
-    assert err.count("stopped at --stop-episodes") == 2, err
 
 
-def test_seeds_stopped_by_their_time_limit_have_ended_for_a_resume_of_their_directory(capsys, tmp_path):
+@pytest.mark.parametrize("flag, limit", [("--stop-time-s", "0.001"), ("--stop-episodes", "5")])
+def test_seeds_stopped_by_a_limit_of_their_own_have_ended_for_a_resume_of_their_directory(capsys, tmp_path, flag,
+                                                                                          limit):
     runs = tmp_path / "seeds"
-    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", "--stop-time-s", "0.001", "--total-steps",
-                           "100000", "--run-dir", str(runs), *FAST)
-    assert code == 0 and err.count("stopped at --stop-time-s") == 2, err
+    code, _, err = run_cli(capsys, "train", "ppo", "--seeds", "1", "2", flag, limit, "--total-steps", "100000",
+                           "--run-dir", str(runs), *FAST)
+    assert code == 0 and err.count(f"stopped at {flag}") == 2, err
     code, _, err = run_cli(capsys, "train", "--resume", str(runs), "--no-progress")
     assert code == 0 and err.count("(it had ended before: nothing left to train)") == 2, err
-    assert err.count("stopped at --stop-time-s") == 2, err
+    assert err.count(f"stopped at {flag}") == 2, err
 
 
 def test_seeds_run_at_once_with_n_jobs_give_the_runs_they_give_one_after_another(capsys, tmp_path):
