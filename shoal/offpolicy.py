@@ -449,9 +449,12 @@ class OffPolicyLearner(Learner):
             self.updates += 1
             stats.append(metrics)
         self.set_exploration(env_steps)
+        # lr's column where a network learns at it (not when each has a rate of its own), and each own rate's
+        at_lr = any(getattr(c, g.get("lr_setting", "lr"), None) is None or g.get("lr_setting", "lr") == "lr"
+                    for o in self.optimizers() for g in o.param_groups)
         out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats)),
-               "learner/lr": lr, **{f"learner/{k}": getattr(c, k) * lr / c.lr for k in OWN_LRS
-                                    if getattr(c, k, None) is not None}}
+               **({"learner/lr": lr} if at_lr else {}),
+               **{f"learner/{k}": getattr(c, k) * lr / c.lr for k in OWN_LRS if getattr(c, k, None) is not None}}
         if stats:
             out.update({k: torch.stack([s[k] for s in stats]).mean() for k in stats[0]})
         return read_metrics(out)
