@@ -257,8 +257,7 @@ class Algorithm:
         c, get = self.config, self.backend.get
         summaries = get([r.call("sample_into_replay", c.steps_per_rollout, 0.0) for r in self.runners])
         steps = sum(s.env_steps for s in summaries)
-        normalizing = c.normalize_obs or c.normalize_rewards  # the summaries carry the normalisers' statistics
-        result = get(self.learner.call("train_for", None, self.env_steps + steps, summaries if normalizing else []))
+        result = get(self.learner.call("train_for", None, self.env_steps + steps, summaries))  # their statistics
         return UpdateResult(result.metrics, result.version, steps,
                             [x for s in summaries for x in s.episode_returns],
                             [x for s in summaries for x in s.episode_lengths],
@@ -296,9 +295,8 @@ class Algorithm:
                 self.inflight[ids[k]] = self.runners[ids[k]].call("sample_into_replay", c.steps_per_rollout)
                 continue
             result = get(self.learner_future)
-            normalizing = c.normalize_obs or c.normalize_rewards  # the summaries carry the normalisers' statistics
             self.learner_future = self.learner.call("train_for", c.updates_per_call, self.env_steps + steps,
-                                                    summaries if normalizing else [])
+                                                    summaries)  # with their normalisers' statistics
             metrics = {**result.metrics, "learner/policy_lag_mean": float(np.mean(lags)) if lags else 0.0}
             return UpdateResult(metrics, result.version, steps, returns, lengths, merge_infos(infos))
 

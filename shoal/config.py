@@ -306,6 +306,10 @@ def check_sde(config: Any) -> None:
            "runner's envs")
 
 
+OWN_LRS = ("actor_lr", "critic_lr", "alpha_lr")
+"""Settings of a network's own learning rate (unset: lr), in the algorithms that have them."""
+
+
 # Settings as stable-baselines3 (and rl-zoo, sb3-contrib) or RLlib name them, and shoal's names for
 # them: a user who types the name they know is told shoal's. Each entry: whose name it is, and
 # shoal's settings it may mean, the first the algorithm has named, with how it differs ({name}: a

@@ -29,9 +29,9 @@ class Diverged(ShoalError):
 
     @staticmethod
     def advice(config) -> str:
-        """What to try: lower the learning rates the run has (``lr``, and any network's own: ``*_lr``)."""
-        import dataclasses
+        """What to try: lower the learning rates the run has (``lr``, and any network's own)."""
+        from shoal.config import OWN_LRS
 
-        rates = [f"--{f.name.replace('_', '-')} (now {getattr(config, f.name):g})" for f in dataclasses.fields(config)
-                 if (f.name == "lr" or f.name.endswith("_lr")) and getattr(config, f.name) is not None]
+        rates = [f"--{k.replace('_', '-')} (now {getattr(config, k):g})" for k in ("lr", *OWN_LRS)
+                 if getattr(config, k, None) is not None]
         return f"lower {' or '.join(rates)}, or scale the env's rewards down"

@@ -8,6 +8,7 @@ learner stores them in its ReplayBuffer and makes as many updates as the rate li
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from shoal.config import Config, _check
+from shoal.config import OWN_LRS, Config, _check
 from shoal.errors import ShoalError
 from shoal.backends import LocalHandle
 from shoal.learner import Learner, UpdateResult, check_losses, read_metrics
@@ -29,10 +30,6 @@ from shoal.runner import Rollout
 
 if TYPE_CHECKING:
     from shoal.hindsight import Hindsight
-
-
-OWN_LRS = ("actor_lr", "critic_lr", "alpha_lr")
-"""Settings of a network's own learning rate (unset: lr), in the algorithms that have them."""
 
 
 @dataclass(frozen=True)
@@ -432,6 +429,7 @@ class OffPolicyLearner(Learner):
         c = self.config
         beta = c.priority_beta + (1.0 - c.priority_beta) * min(1.0, env_steps / c.total_steps)
         lr = self.scheduled_lr(*self.optimizers(), env_steps=env_steps)
+        factor = lr / c.lr  # the schedule's, for every rate
         stats: list[dict[str, Tensor]] = []
         while max_updates is None or len(stats) < max_updates:
             got = self.replay.sample(c.batch_size, beta)
@@ -449,15 +447,21 @@ class OffPolicyLearner(Learner):
             self.updates += 1
             stats.append(metrics)
         self.set_exploration(env_steps)
-        # lr's column where a network learns at it (not when each has a rate of its own), and each own rate's
-        at_lr = any(getattr(c, g.get("lr_setting", "lr"), None) is None or g.get("lr_setting", "lr") == "lr"
-                    for o in self.optimizers() for g in o.param_groups)
         out = {"learner/updates": float(self.updates), "learner/updates_this_call": float(len(stats)),
-               **({"learner/lr": lr} if at_lr else {}),
-               **{f"learner/{k}": getattr(c, k) * lr / c.lr for k in OWN_LRS if getattr(c, k, None) is not None}}
+               **{column: rate * factor for column, rate in self.lr_columns.items()}}
         if stats:
             out.update({k: torch.stack([s[k] for s in stats]).mean() for k in stats[0]})
         return read_metrics(out)
+
+    @functools.cached_property
+    def lr_columns(self) -> dict[str, float]:
+        """progress.csv's learning-rate columns and their rates before the schedule: lr's where some
+        network learns at it (not when each has a rate of its own), and each own rate given."""
+        c = self.config
+        at_lr = any(g.get("lr_setting", "lr") == "lr" or getattr(c, g["lr_setting"]) is None
+                    for o in self.optimizers() for g in o.param_groups)
+        return {**({"learner/lr": c.lr} if at_lr else {}),
+                **{f"learner/{k}": getattr(c, k) for k in OWN_LRS if getattr(c, k, None) is not None}}
 
     def learn(self, rollouts: list[Rollout]) -> dict[str, float]:
         self.merge_obs_stats(rollouts)
