@@ -596,6 +596,13 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "ppx", "--env", "CartPole-v1"], "unknown algorithm 'ppx' (did you mean ppo?); available: a2c, appo, ars, crossq, ddpg, dqn, impala, ppo, qrdqn, sac, td3, tqc, trpo"),
+    # a peer's name for what shoal runs with options (or lacks), not difflib's nearest name (ddqn: dqn,
+    # double by default)
+    (["train", "APEX_DQN", "--env", "CartPole-v1"], "unknown algorithm 'APEX_DQN': RLlib's APEX_DQN is "
+                                                    "`shoal train dqn --apex --backend ray --num-env-runners 4`; "
+                                                    "available: a2c, "),
+    (["train", "ddqn"], "unknown algorithm 'ddqn': double DQN is `shoal train dqn` (double by default); available: "),
+    (["train", "qmix"], "unknown algorithm 'qmix': QMIX is a multi-agent algorithm: shoal trains single-agent envs"),
     (["train", "ppo", "--env", "CartPol-v1"], "unknown environment 'CartPol-v1'; did you mean CartPole-v1"),
     # names are compared without their versions: whole ids matched on "-v3" (Humanoid-v3) and "-v0"
     (["train", "ppo", "--env", "Taxi-v3"], "unknown environment 'Taxi-v3'; did you mean Taxi-v4?"),
@@ -975,6 +982,30 @@ def test_every_peer_name_is_one_some_algorithm_lacks_and_names_settings_it_has()
 
     assert peer_hint(Both, "--batch-size") is None and peer_hint(Both, "n_epochs") is None
     assert peer_hint(PPOConfig, "gama") is None
+
+
+def test_every_command_the_peer_algorithm_names_suggest_is_one_shoal_takes():
+    """The table of peers' algorithm names (rainbow: `shoal train dqn --num-atoms 51 ...`): each
+    command it suggests parses, its algorithm and flags shoal's own, and no key hides one of shoal's."""
+    import re
+    import shlex
+
+    from shoal.algos import PEER_ALGOS
+    from shoal.cli import _parse
+
+    checked = []
+    for text in PEER_ALGOS.values():
+        for command in re.findall(r"`shoal train ([^`]+)`", text):
+            algo, *flags = shlex.split(command)
+            # "(ddpg, td3, sac and qrdqn take --apex too)": each of them takes the same command
+            others = re.findall(r"\(([a-z0-9, ]+) take --[-\w]+ too", text)
+            for name in [algo, *(re.split(r", | and ", others[0]) if others else [])]:
+                cls = ALGOS[name].config_cls
+                _parse(cls, flags, f"shoal train {name}", default=cls())
+                checked.append(name)
+    assert not set(PEER_ALGOS) & set(ALGOS)
+    assert all(key == key.lower() and not re.search(r"[-_]", key) for key in PEER_ALGOS)  # as get() compares them
+    assert len(checked) >= 25, checked
 
 
 def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for(capsys, monkeypatch):

@@ -31,12 +31,51 @@ def register(spec: AlgoSpec) -> AlgoSpec:
     return spec
 
 
+# Algorithms as RLlib, stable-baselines3 (sb3-contrib, rl-zoo) and CleanRL name them that shoal runs
+# as one of its own with options, or does not have: a user who types the name they know is told
+# what to type instead. Keys are compared in lower case without "_" and "-".
+_MULTI_AGENT = "is a multi-agent algorithm: shoal trains single-agent envs only for now"
+_OFFLINE = "learns from a dataset (offline RL): shoal learns from envs only"
+PEER_ALGOS: dict[str, str] = {
+    "apex": "Ape-X is `shoal train dqn --apex --backend ray --num-env-runners 4` (ddpg, td3, sac and qrdqn take "
+            "--apex too)",
+    "apexdqn": "RLlib's APEX_DQN is `shoal train dqn --apex --backend ray --num-env-runners 4`",
+    "apexddpg": "RLlib's APEX_DDPG is `shoal train ddpg --apex --backend ray --num-env-runners 4`",
+    "rainbow": "Rainbow is `shoal train dqn --num-atoms 51 --noisy --dueling --n-step 3 --prioritized` (double by "
+               "default; examples/rainbow/atari.yaml has the paper's Atari settings)",
+    "c51": "C51 is `shoal train dqn --num-atoms 51`",
+    "ddqn": "double DQN is `shoal train dqn` (double by default)",
+    "doubledqn": "double DQN is `shoal train dqn` (double by default)",
+    "duelingdqn": "dueling DQN is `shoal train dqn --dueling`",
+    "noisydqn": "noisy DQN is `shoal train dqn --noisy`",
+    "her": "HER is a replay option here: `shoal train sac --her-goals 4` (dqn, td3 and ddpg take --her-goals too)",
+    "ppo2": "PPO2 is `shoal train ppo`",
+    "a3c": "A3C's actor-critic is `shoal train a2c` (synchronous) or `shoal train impala` (asynchronous, with "
+           "V-trace)",
+    "sacd": "discrete SAC is `shoal train sac` on an env with discrete actions",
+    "sacdiscrete": "discrete SAC is `shoal train sac` on an env with discrete actions",
+    "discretesac": "discrete SAC is `shoal train sac` on an env with discrete actions",
+    "recurrentppo": "sb3-contrib's RecurrentPPO is `shoal train ppo --lstm-size 64` (a2c, impala and appo take "
+                    "--lstm-size too)",
+    "ppolstm": "rl-zoo's ppo_lstm is `shoal train ppo --lstm-size 64`",
+    "maskableppo": "sb3-contrib's MaskablePPO is `shoal train ppo`: it reads an env's action masks itself (an "
+                   "action_mask entry of a Dict observation, or an action_masks() method)",
+    "ppomask": "rl-zoo's ppo_mask is `shoal train ppo`: it reads an env's action masks itself (an action_mask entry "
+               "of a Dict observation, or an action_masks() method)",
+    **{name: f"{name.upper()} {_MULTI_AGENT}" for name in ("mappo", "ippo", "maddpg", "qmix", "vdn")},
+    **{name: f"{label} {_OFFLINE}" for name, label in (("bc", "BC"), ("marwil", "MARWIL"), ("cql", "CQL"),
+                                                       ("iql", "IQL"), ("bcq", "BCQ"), ("td3bc", "TD3+BC"))},
+}
+
+
 def get(name: str) -> AlgoSpec:
-    """The spec of algorithm ``name``, or a clear error listing the available ones."""
+    """The spec of algorithm ``name``, or a clear error: what shoal calls a peer's name for it, or the
+    available ones."""
     spec = ALGOS.get(name.lower())
     if spec is None:
+        peer = PEER_ALGOS.get(name.lower().replace("_", "").replace("-", ""))
         close = difflib.get_close_matches(name.lower(), list(ALGOS), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        hint = f": {peer}" if peer else f" (did you mean {close[0]}?)" if close else ""
         raise ShoalError(f"unknown algorithm {name!r}{hint}; available: {', '.join(sorted(ALGOS))}")
     return spec
 
