@@ -1049,6 +1049,36 @@ COMMANDS = {"train": cmd_train, "serve-env": cmd_serve_env, "serve-policy": cmd_
             "export": cmd_export, "plot": cmd_plot, "algos": cmd_algos, "envs": cmd_envs, "check-env": cmd_check_env,
             "tune": cmd_tune}
 
+# Commands as rl-baselines3-zoo and RLlib's CLI name them, and shoal's for them.
+PEER_COMMANDS = {
+    "enjoy": "rl-zoo's enjoy is `shoal eval RUN_DIR --render` (a window; --video DIR writes mp4s)",
+    "record-video": "rl-zoo's record_video is `shoal eval RUN_DIR --video DIR`",
+    "evaluate": "`shoal eval RUN_DIR` evaluates a run",
+    "rollout": "RLlib's rollout is `shoal eval RUN_DIR`",
+    "resume": "`shoal train --resume RUN_DIR` resumes a run",
+    "serve": "`shoal serve-policy RUN_DIR` serves a policy (`shoal serve-env ENV_ID` serves envs)",
+    "optimize": "rl-zoo's --optimize is `shoal tune ALGO --env ENV_ID`",
+    "list": "`shoal algos` and `shoal envs` list what there is",
+}
+
+
+def unknown_command(name: str) -> str:
+    """The line for a command shoal does not have: a peer's name for one of shoal's, an algorithm
+    given as the command (train it), or the nearest command's name."""
+    import difflib
+
+    from shoal import algos
+
+    key = name.lower().replace("_", "-")
+    if key in PEER_COMMANDS:
+        hint = f": {PEER_COMMANDS[key]}"
+    elif key in algos.ALGOS:
+        hint = f": train it with `shoal train {key} --env ENV_ID`"
+    else:
+        close = difflib.get_close_matches(key, list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"unknown command {name!r}{hint}; choose from {', '.join(COMMANDS)}"
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``shoal`` command."""
@@ -1059,8 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command = COMMANDS.get(argv[0])
     if command is None:
-        err.print(f"shoal: error: unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}",
-                  highlight=False, markup=False, soft_wrap=True)
+        err.print(f"shoal: error: {unknown_command(argv[0])}", highlight=False, markup=False, soft_wrap=True)
         return 2
     try:
         return command(argv[1:], out if argv[0] != "train" else err)

@@ -645,7 +645,10 @@ def test_numbers_in_exponent_form_are_numbers(tmp_path):
     (["train", "--resume", "/nonexistent"], "/nonexistent is not a shoal run directory"),
     (["eval", "/nonexistent"], "/nonexistent does not exist"),
     (["eval", "/nonexistent", "--deterministic", "--stochastic"], "--deterministic and --stochastic exclude each other"),
-    (["frobnicate"], "unknown command 'frobnicate'"),
+    (["frobnicate"], "unknown command 'frobnicate'; choose from train, "),
+    (["trian"], "unknown command 'trian' (did you mean train?); choose from train, "),
+    (["ppo", "--env", "CartPole-v1"], "unknown command 'ppo': train it with `shoal train ppo --env ENV_ID`; choose"),
+    (["record_video"], "unknown command 'record_video': rl-zoo's record_video is `shoal eval RUN_DIR --video DIR`; "),
 ])
 def test_user_mistakes_get_one_clear_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)
@@ -1006,6 +1009,16 @@ def test_every_command_the_peer_algorithm_names_suggest_is_one_shoal_takes():
     assert not set(PEER_ALGOS) & set(ALGOS)
     assert all(key == key.lower() and not re.search(r"[-_]", key) for key in PEER_ALGOS)  # as get() compares them
     assert len(checked) >= 25, checked
+
+
+def test_every_command_the_peer_command_names_suggest_is_one_of_shoals():
+    import re
+
+    from shoal.cli import COMMANDS, PEER_COMMANDS
+
+    named = [c for text in PEER_COMMANDS.values() for c in re.findall(r"`shoal ([-a-z]+)", text)]
+    assert len(named) >= 8 and set(named) <= set(COMMANDS), set(named) - set(COMMANDS)
+    assert not set(PEER_COMMANDS) & set(COMMANDS)
 
 
 def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for(capsys, monkeypatch):
