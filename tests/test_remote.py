@@ -138,15 +138,15 @@ def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eva
     assert "add --env ENV_ID" in capsys.readouterr().err
 
 
-def spoiling(servers, spoil):
-    """A started env server of 2 CartPoles whose step replies ``spoil`` changes."""
+def spoiling(servers, spoil, env_id="CartPole-v1"):
+    """A started env server of 2 ``env_id`` envs whose step replies ``spoil`` changes."""
     class Spoiling(EnvServer):
         def step(self, req, context):
             reply = super().step(req, context)
             spoil(reply)
             return reply
 
-    server = Spoiling("CartPole-v1", 2).start()
+    server = Spoiling(env_id, 2).start()
     servers.started.append(server)
     return server
 
@@ -200,6 +200,48 @@ def test_replies_in_another_numeric_dtype_are_taken_as_the_spaces(servers):
     obs, rewards, *_ = env.step(np.zeros(2, np.int64))
     assert obs.dtype == np.float32 and rewards.dtype == np.float64 and (rewards == 1).all()
     env.close()
+
+
+class Pixels(gym.Env):
+    """Three uint8 "pixels" of value 7, as an image env gives them."""
+    observation_space = gym.spaces.Box(0, 255, (3,), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(3, 7, np.uint8), {}
+
+    def step(self, action):
+        return np.full(3, 7, np.uint8), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("value, taken", [(200, True), (300, False), (-1, False)])
+def test_integer_observations_in_a_wider_dtype_are_cast_only_where_their_values_fit(servers, value, taken):
+    """A uint8 image sent as int16 is taken as uint8; a value a cast would wrap (300 to 44) fails
+    the run in one line instead."""
+    gym.register("ShoalTestPixels-v0", entry_point=Pixels)
+
+    def wider(reply):
+        obs = decode(reply.obs).astype(np.int16)
+        obs[1, 2] = value
+        reply.obs.CopyFrom(encode(obs))
+
+    try:
+        server = spoiling(servers, wider, "ShoalTestPixels-v0")
+        env = RemoteVectorEnv(f"remote://{server.address}")
+        env.reset(seed=0)
+        if taken:
+            obs = env.step(np.zeros(2, np.int64))[0]
+            assert obs.dtype == np.uint8 and obs[1, 2] == value and (obs[0] == 7).all()
+        else:
+            with pytest.raises(ShoalError) as caught:
+                env.step(np.zeros(2, np.int64))
+            assert str(caught.value) == (f"env server {server.address} replied to Step with obs values from "
+                                         f"{min(value, 7)} to {max(value, 7)} (int16), outside the range of its "
+                                         "space's uint8: it does not keep to proto/shoal.proto")
+        env.close()
+    finally:
+        gym.registry.pop("ShoalTestPixels-v0")
 
 
 def test_a_restarted_server_is_reconnected(servers):

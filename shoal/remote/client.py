@@ -338,7 +338,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             want = {"b": "bool", "fiu": "numbers", "iub": "integers"}.get(kinds, kinds)
             raise self._misbehaved(i, f"replied to {call} with {name} of shape {x.shape} ({x.dtype}), where its {n} "
                                       f"envs need shape {shape} ({want})")
-        return x if kinds == "b" else x.astype(space.dtype if name in ("obs", "final_obs") else np.float64, copy=False)
+        if kinds == "b":
+            return x
+        dtype = space.dtype if name in ("obs", "final_obs") else np.dtype(np.float64)
+        if dtype.kind in "iu" and x.size and not np.can_cast(x.dtype, dtype):  # a cast would wrap what is outside
+            low, high = x.min(), x.max()
+            if low < np.iinfo(dtype).min or high > np.iinfo(dtype).max:
+                raise self._misbehaved(i, f"replied to {call} with {name} values from {low} to {high} ({x.dtype}), "
+                                          f"outside the range of its space's {dtype}")
+        return x.astype(dtype, copy=False)
 
     def _step_arrays(self, i: int, r: pb.StepReply) -> tuple[np.ndarray, ...]:
         """A step reply's obs, rewards, terminated, truncated and final_obs, checked."""
