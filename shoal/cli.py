@@ -163,7 +163,8 @@ def _one_line(box: str, prog: str) -> str:
     message = message or lines[0].strip(" ╭─╮")  # the box's title, at least
     for section in sections[1:]:
         if section[0][1] == "Perhaps you meant:":
-            flags = [text.split()[0] for indent, text in section[1:] if indent == 4]
+            # a flag, or a bool's pair of them ("--tensorboard, --no-tensorboard": the first)
+            flags = [text.replace(",", " ").split()[0] for indent, text in section[1:] if indent == 4]
             message += f"; did you mean {' or '.join(flags)}?" if flags else ""
     return f"{message} (see {prog} --help)"
 

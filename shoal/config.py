@@ -404,6 +404,36 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "anneal_lr": ("CleanRL's", {"lr_schedule": " linear"}),
     "clip_vloss": ("CleanRL's", {"vf_clip": ", a range of its own (CleanRL clips the value by clip_coef: give it "
                                            "{clip}'s value)"}),
+    "env_id": ("CleanRL's", {"env": ""}),
+    "autotune": ("CleanRL's", {"alpha": " (unset: tuned, as autotune; a value fixes it)"}),
+    "cuda": ("CleanRL's", {"device": " cuda (the default: cpu)"}),
+    "eval_freq": ("SB3's", {"eval_interval": ", in env steps over every env (SB3's eval_freq x n_envs)"}),
+    "n_eval_episodes": ("SB3's", {"eval_episodes": ""}),
+    "save_freq": ("SB3's CheckpointCallback", {"checkpoint_interval": ", in env steps over every env (save_freq x "
+                                                                      "n_envs)"}),
+    "tensorboard_log": ("SB3's", {"run_dir": " (TensorBoard's files go in RUN_DIR/tb)"}),
+    "log_folder": ("rl-zoo's", {"run_dir": ""}),
+    "num_threads": ("rl-zoo's", {"torch_threads": ""}),
+    "save_replay_buffer": ("rl-zoo's", {"save_replay": ""}),
+    "optimize_memory_usage": ("SB3's", {"compress_observations": " (LZ4-compressed rows: a fraction of the memory "
+                                                                 "of SB3's optimised buffer)"}),
+    "policy_kwargs": ("SB3's", {"hidden_sizes": " (its net_arch; its activation_fn is {activation})"}),
+    "evaluation_interval": ("RLlib's", {"eval_interval": ", in env steps (RLlib's counts iterations)"}),
+    "evaluation_duration": ("RLlib's", {"eval_episodes": " (evaluation_duration_unit episodes)"}),
+    "checkpoint_freq": ("Ray Tune's", {"checkpoint_interval": ", in env steps (Tune's counts iterations)"}),
+    "checkpoint_frequency": ("Ray Tune's", {"checkpoint_interval": ", in env steps (Tune's counts iterations)"}),
+    "store_buffer_in_checkpoints": ("RLlib's", {"save_replay": ""}),
+    "training_intensity": ("RLlib's", {"updates_per_step": ", in updates per env step (training_intensity / "
+                                                           "{batch_size})"}),
+    "samples_per_insert": ("Reverb's", {"updates_per_step": ", in updates per env step (samples_per_insert / "
+                                                            "{batch_size})"}),
+    "actor_hiddens": ("RLlib's", {"hidden_sizes": ""}),
+    "critic_hiddens": ("RLlib's", {"critic_hidden_sizes": "", "hidden_sizes": " (the actor's and the critics' alike)"}),
+    "actor_hidden_activation": ("RLlib's", {"activation": ""}),
+    "critic_hidden_activation": ("RLlib's", {"activation": " (the actor's and the critics' alike)"}),
+    "actor_learning_rate": ("RLlib's", {"actor_lr": ""}),
+    "critic_learning_rate": ("RLlib's", {"critic_lr": ""}),
+    "entropy_learning_rate": ("RLlib's", {"alpha_lr": ""}),
 }
 
 

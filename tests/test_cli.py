@@ -949,6 +949,10 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["serve-policy", ".", "--max-wait-ms", "-1"], "--max-wait-ms must be at least 0, got -1"),
     (["serve-policy", ".", "--max-message-mb", "nan"], "--max-message-mb must be positive, got nan"),
     (["serve-env", "CartPole-v1", "--port", "http"], "Error parsing --port"),
+    # a bool's pair of flags suggested: the first, without tyro's comma
+    (["train", "ppo", "--tensorboar"], "Unrecognized options: --tensorboar; did you mean --tensorboard? (see"),
+    (["train", "sac", "--training-intensity", "256"], "RLlib's training_intensity: shoal calls it --updates-per-step, "
+                                                      "in updates per env step (training_intensity / --batch-size)"),
 ])
 @pytest.mark.parametrize("utf8_boxes", [False, True])  # tyro draws its box in ASCII unless stdout is UTF-8
 def test_a_command_line_the_parser_rejects_is_one_line(capsys, monkeypatch, argv, message, utf8_boxes):
@@ -969,8 +973,8 @@ def test_every_peer_name_is_one_some_algorithm_lacks_and_names_settings_it_has()
 
     everywhere = {name for spec in ALGOS.values() for name in field_names(spec.config_cls)}
     for peer, (whose, ours) in PEER_NAMES.items():
-        assert whose.split("'s")[0] in ("SB3", "SB3 Monitor", "sb3-contrib", "rl-zoo", "RLlib", "CleanRL",
-                                          "the ARS paper"), peer
+        assert whose.split("'s")[0] in ("SB3", "SB3 Monitor", "SB3 CheckpointCallback", "sb3-contrib", "rl-zoo",
+                                          "RLlib", "Ray Tune", "Reverb", "CleanRL", "the ARS paper"), peer
         assert set(ours) <= everywhere, (peer, set(ours) - everywhere)
         named = {m for note in ours.values() for m in re.findall(r"\{(\w+)\}", note)}
         assert named <= everywhere, (peer, named - everywhere)
