@@ -1063,17 +1063,20 @@ PEER_COMMANDS = {
 }
 
 
+def algorithm_names() -> set[str]:
+    """The algorithms' names without importing them (and torch): each is its module's in shoal/algos."""
+    return {path.stem for path in (Path(__file__).parent / "algos").glob("*.py") if path.stem != "__init__"}
+
+
 def unknown_command(name: str) -> str:
     """The line for a command shoal does not have: a peer's name for one of shoal's, an algorithm
     given as the command (train it), or the nearest command's name."""
     import difflib
 
-    from shoal import algos
-
     key = name.lower().replace("_", "-")
     if key in PEER_COMMANDS:
         hint = f": {PEER_COMMANDS[key]}"
-    elif key in algos.ALGOS:
+    elif key in algorithm_names():
         hint = f": train it with `shoal train {key} --env ENV_ID`"
     else:
         close = difflib.get_close_matches(key, list(COMMANDS), n=1)

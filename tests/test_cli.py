@@ -1025,6 +1025,12 @@ def test_every_command_the_peer_command_names_suggest_is_one_of_shoals():
     assert not set(PEER_COMMANDS) & set(COMMANDS)
 
 
+def test_the_algorithms_names_are_known_without_importing_them():
+    from shoal.cli import algorithm_names
+
+    assert algorithm_names() == set(ALGOS)
+
+
 def test_the_listing_commands_take_no_arguments_but_envs_takes_words_to_look_for(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "algos", "CartPole-v1")
     assert code == 2 and err == "shoal: error: shoal algos takes no arguments, got CartPole-v1\n"
