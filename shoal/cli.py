@@ -429,6 +429,16 @@ class EvalArgs:
     """Keys of the env's info at each episode's last step to report, as their mean over the
     episodes that gave a number (default: the run's --episode-info)."""
 
+    # rl-zoo's enjoy and record_video flags, SB3's and shoal train's, as shoal eval names them (config.peer_hint)
+    PEER_NAMES = {
+        "load_best": ("rl-zoo's", {"best": ""}),
+        "n_timesteps": ("rl-zoo's enjoy", {"episodes": " (it counts episodes, not steps)"}),
+        "record_video": ("rl-zoo's", {"video": " DIR"}),
+        "video_folder": ("rl-zoo's record_video", {"video": ""}),
+        "n_eval_episodes": ("SB3's evaluate_policy", {"episodes": ""}),
+        "eval_episodes": ("shoal train's", {"episodes": " here"}),
+    }
+
 
 def cmd_eval(argv: list[str], console: Console) -> int:
     from shoal import checkpoint as ckpt

@@ -928,6 +928,8 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "ppo", "--anneal-lr", "--num-minibatches", "4"], "CleanRL's anneal_lr: shoal calls it --lr-schedule "
      "linear; CleanRL's num_minibatches: shoal calls it --minibatch-size, in transitions (--rollout-steps x "),
     (["train", "ppo", "--normalize"], "rl-zoo's normalize: shoal calls it --normalize-obs and --normalize-rewards (see "),
+    (["eval", ".", "--load-best", "--eval-episodes", "3"], "rl-zoo's load_best: shoal calls it --best; shoal train's "
+                                                           "eval_episodes: shoal calls it --episodes here (see shoal eval"),
     (["train", "ars", "--normalize"],  # a note about a setting the algorithm lacks is left out
      "Unrecognized options: --normalize; rl-zoo's normalize: shoal calls it --normalize-obs (see shoal train ars"),
     (["train", "ppo", "--backend", "slurm"], "invalid choice 'slurm' for argument '--backend'. Expected one of ('local', 'ray')"),
