@@ -398,6 +398,132 @@ def test_one_client_holds_at_most_its_share_of_sessions_and_others_still_get_the
         EnvServer("CartPole-v1", 1, max_sessions_per_client=0)  # in Python as on the command line
 
 
+class IdleStreams:
+    """Step streams opened and never sent a message (a buggy or hostile client), each held by a
+    thread of this process until closed."""
+
+    def __init__(self, address, count, client="a"):
+        import queue
+        import threading
+
+        self.channel = grpc.insecure_channel(address)
+        method = self.channel.stream_stream("/shoal.v1.EnvService/StepStream")
+        self.requests = [queue.SimpleQueue() for _ in range(count)]
+        self.calls = [method(iter(q.get, None), metadata=(("x-client", client),)) for q in self.requests]
+        self.ends = [None] * count  # each stream's status once it ended
+        for i in range(count):
+            threading.Thread(target=self._wait, args=(i,), daemon=True).start()
+
+    def _wait(self, i):
+        try:
+            for _ in self.calls[i]:
+                pass
+        except grpc.RpcError as e:
+            self.ends[i] = (e.code(), e.details())
+
+    def ended(self, expected, timeout=5.0):
+        """The statuses of the streams that ended, once ``expected`` of them have (or at the timeout)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and sum(end is not None for end in self.ends) < expected:
+            time.sleep(0.02)
+        return [end for end in self.ends if end is not None]
+
+    def close(self):
+        for q in self.requests:
+            q.put(None)
+        self.channel.close()
+
+
+def test_streams_that_send_nothing_leave_the_server_its_threads_and_other_clients_their_steps(servers):
+    """Each open StepStream holds one of the server's threads while it waits for a message: a
+    client that opened streams and sent nothing once took them all, and every other call (Open,
+    Describe, health) waited for its deadline. Streams beyond one per session are now refused,
+    and a client refused one steps by unary calls instead."""
+    import time
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = servers(num_envs=2, max_sessions=2)  # 10 threads: 2 for streams, 8 for the rest
+    idle = IdleStreams(server.address, 12)
+    refused = idle.ended(10)
+    assert len(refused) == 10 and set(refused) == {(grpc.StatusCode.RESOURCE_EXHAUSTED, "server holds its maximum of 2 "
+                                                    "open streams; close one or retry later")}, refused
+    assert len(server.server.streams) == 2
+    with grpc.insecure_channel(server.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    env = RemoteVectorEnv(f"remote://{server.address}", timeout_s=2)  # Open and Reset answer
+    env.reset(seed=0)
+    for _ in range(3):  # its stream is refused: the step goes again as a unary call, and so do the next
+        obs, rewards, *_ = env.step(np.zeros(2, np.int64))
+    assert obs.shape == (2, 4) and (rewards == 1).all() and env.conns[0].stream is None
+    idle.close()
+    for _ in range(250):  # their handlers see the streams end
+        if not len(server.server.streams):
+            break
+        time.sleep(0.02)
+    env.conns[0].unary_until = 0.0  # STREAM_RETRY_S on: a stream again, now that there is room
+    env.step(np.zeros(2, np.int64))
+    assert env.conns[0].stream is not None and env.conns[0].stream.answered
+    env.close()
+
+
+def test_one_client_holds_at_most_its_share_of_streams(servers, monkeypatch):
+    import shoal.remote.envserver as envserver
+
+    monkeypatch.setattr(envserver, "client_of", lambda context: dict(context.invocation_metadata())["x-client"])
+    server = servers(num_envs=1, max_sessions=4, max_sessions_per_client=1)
+    a = IdleStreams(server.address, 2, client="a")
+    assert a.ended(1) == [(grpc.StatusCode.RESOURCE_EXHAUSTED, "client a holds its maximum of 1 open streams here; "
+                                                              "close one or retry later")]
+    b = IdleStreams(server.address, 1, client="b")
+    assert b.ended(1, timeout=0.3) == [] and len(server.server.streams) == 2
+    a.close(), b.close()
+
+
+def test_an_idle_stream_is_ended_with_its_session_and_its_client_opens_another():
+    """A stream idle for longer than --session-timeout-s is ended (cancelled) as its idle session
+    is closed; the client's next step reopens a session there, as after a restart."""
+    import time
+
+    server = EnvServer("CartPole-v1", 2, session_timeout_s=0.3).start()
+    try:
+        env = RemoteVectorEnv(f"remote://{server.address}")
+        env.reset(seed=0)
+        env.step(np.zeros(2, np.int64))
+        assert len(server.server.streams) == 1
+        time.sleep(0.4)
+        server.reap()
+        assert len(server.server.streams) == 0 and not server.sessions
+        obs, rewards, terminated, truncated, info = env.step(np.zeros(2, np.int64))
+        assert env.reconnects == 1 and truncated.all() and len(server.sessions) == 1
+        env.step(np.zeros(2, np.int64))
+        assert len(server.server.streams) == 1  # back on a stream
+        env.close()
+    finally:
+        server.stop(grace=0)
+
+
+def test_a_stream_busy_with_a_step_is_not_ended_as_idle():
+    from shoal.remote.server import OpenStreams
+
+    class Context:
+        cancelled = 0
+
+        def cancel(self):
+            self.cancelled += 1
+
+    streams = OpenStreams(2, 2, 0.0, lambda context: "a")
+    busy, idle = Context(), Context()
+    streams.enter(busy).busy = True
+    streams.enter(idle)
+    assert streams.end_idle() == 1 and (busy.cancelled, idle.cancelled) == (0, 1)
+    assert len(streams) == 1 and streams.end_idle() == 0  # ended once; the busy one still counts
+    streams.enter(Context())  # the ended one's place is free before its handler leaves
+
+
 def test_a_client_is_the_host_its_calls_come_from(servers):
     server = servers(num_envs=1)
     env, other = RemoteVectorEnv(f"remote://{server.address}"), RemoteVectorEnv(f"remote://{server.address}")

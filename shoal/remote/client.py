@@ -31,8 +31,13 @@ from shoal.remote import shoal_pb2 as pb
 from shoal.remote.wire import WireError, decode, decode_final_info, decode_space, encode
 
 SCHEME = "remote://"
+STREAM_RETRY_S = 30.0
+"""How long a client steps by unary calls after a server refused it a step stream."""
+# Failures a session comes back from (reopened): the server restarting or unreachable for a while,
+# the session closed as idle (NOT_FOUND), or the step stream ended by the server (CANCELLED: as
+# idle, or as it stops).
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.DEADLINE_EXCEEDED,
-               grpc.StatusCode.INTERNAL)
+               grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
 
 
 def parse_url(url: str) -> tuple[list[str], str]:
@@ -86,6 +91,8 @@ class Connection:
                 ("Describe", pb.EnvInfo), ("Open", pb.OpenReply), ("Reset", pb.ResetReply),
                 ("Step", pb.StepReply), ("Close", pb.CloseReply))}
         self.stream: StepStream | None = None
+        self.unary_until = 0.0  # steps go as unary calls until then (the server had no room for a stream)
+        self.sent: Any = None  # the step request sent last, and its unary call's future
 
     def __call__(self, name: str, request: Any) -> Any:
         return self.calls[name](request, timeout=self.timeout_s, metadata=self.metadata)
@@ -97,21 +104,37 @@ class Connection:
 
     # -- the step stream: one long call, one reply per request --------------------------------
     def send_step(self, request: pb.StepRequest) -> None:
-        """Send a step on the stream (opened on first use, and again after a failure)."""
+        """Send a step on the stream (opened on first use, and again after a failure), or as a
+        unary call while the server has no room for a stream."""
+        if self.stream is None and time.monotonic() < self.unary_until:
+            self.sent = (request, self.calls["Step"].future(request, timeout=self.timeout_s, metadata=self.metadata))
+            return
         if self.stream is None:
             self.stream = StepStream(self.channel.stream_stream(
                 "/shoal.v1.EnvService/StepStream", request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=pb.StepReply.FromString), self.metadata, self.timeout_s)
+        self.sent = (request, None)
         self.stream.send(request)
 
     def receive_step(self) -> pb.StepReply:
-        """The reply to the step sent last; a failed or timed-out stream is dropped, to reopen."""
+        """The reply to the step sent last; a failed or timed-out stream is dropped, to reopen. A
+        stream the server refused (RESOURCE_EXHAUSTED before any reply: it holds as many as it
+        has sessions) sends its step as a unary call instead, and so do the steps of the next
+        STREAM_RETRY_S seconds."""
+        request, future = self.sent
+        if future is not None:
+            return future.result()
         stream = self.stream
         try:
-            return stream.receive()
-        except BaseException:
+            reply = stream.receive()
+            stream.answered = True
+            return reply
+        except BaseException as e:
             stream.close()
             self.stream = None
+            if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not stream.answered:
+                self.unary_until = time.monotonic() + STREAM_RETRY_S
+                return self("Step", request)
             raise
 
 
@@ -139,6 +162,7 @@ class StepStream:
         self.timeout_s = timeout_s
         self.sent_at: float | None = None
         self.timed_out = False
+        self.answered = False  # a reply came (the server took the stream)
         self.closed = threading.Event()
         threading.Thread(target=self._watch, daemon=True, name="shoal-step-watchdog").start()
 

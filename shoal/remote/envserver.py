@@ -5,6 +5,7 @@
 language with ``proto/shoal.proto``. Each session owns its envs; idle sessions (a client that
 vanished) are closed after ``session_timeout_s``; at most ``max_sessions`` exist at once, and at
 most ``max_sessions_per_client`` of them are one client's (a client: the host its calls come from).
+Step streams, which hold a thread each, are held to the same numbers and ended as idle with them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 from shoal.envs import NO_OPTIONS, EnvOptions, make_vector_env
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
-from shoal.remote.server import Abort, GrpcServer, log
+from shoal.remote.server import Abort, GrpcServer, OpenStreams, log
 from shoal.remote.wire import check_actions, decode, encode, encode_info, encode_space
 
 SERVICE = "shoal.v1.EnvService"
@@ -80,7 +81,11 @@ class EnvServer:
             "Describe": (self.describe, pb.DescribeRequest), "Open": (self.open, pb.OpenRequest),
             "Reset": (self.reset, pb.ResetRequest), "Step": (self.step, pb.StepRequest),
             "Close": (self.close, pb.CloseRequest)}, streams={"StepStream": (self.step, pb.StepRequest)},
-            **{"workers": max_sessions + 8, **server_options})  # an open StepStream holds a worker thread
+            # an open StepStream holds a worker thread: one per session at most, so that 8 are
+            # always left for the other calls
+            open_streams=OpenStreams(max_sessions, self.max_sessions_per_client, session_timeout_s,
+                                     lambda context: client_of(context)),
+            **{"workers": max_sessions + 8, **server_options})
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
 
@@ -110,7 +115,9 @@ class EnvServer:
             self.reap()
 
     def reap(self) -> int:
-        """Close sessions idle for longer than the timeout; returns how many."""
+        """Close sessions idle for longer than the timeout, and end step streams as idle; returns
+        how many sessions."""
+        self.server.streams.end_idle()
         now = time.monotonic()
         with self.lock:
             idle = [k for k, s in self.sessions.items() if now - s.last_used > self.session_timeout_s]

@@ -14,6 +14,7 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 from typing import Any, Callable
@@ -128,6 +129,69 @@ def _service(service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], 
     return grpc.method_handlers_generic_handler(service, methods)
 
 
+class _Stream:
+    """An open stream call: who opened it, when its last message was answered, whether one is
+    being handled now."""
+
+    def __init__(self, context: Any, client: str):
+        self.context, self.client = context, client
+        self.last, self.busy, self.ended = time.monotonic(), False, False
+
+
+class OpenStreams:
+    """The open stream calls of a sync server, within limits. Each holds a worker thread for its
+    life, waiting for its next message, so streams that send nothing could take every thread and
+    leave none for other calls: at most ``limit`` are open at once and ``per_client`` from one
+    client (``client_of(context)``); one idle for longer than ``idle_s`` between messages is
+    ended (cancelled), and idle ones make room before a new one is refused (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, limit: int, per_client: int, idle_s: float, client_of: Callable[[Any], str]):
+        self.limit, self.per_client, self.idle_s, self.client_of = limit, per_client, idle_s, client_of
+        self._open: dict[int, _Stream] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, context: Any) -> _Stream:
+        stream = _Stream(context, self.client_of(context))
+        why = self._admit(stream)
+        if why and self.end_idle():
+            why = self._admit(stream)
+        if why:
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{why}; close one or retry later")
+        return stream
+
+    def _admit(self, stream: _Stream) -> str:
+        """Count ``stream`` in, or say why it may not open now."""
+        with self._lock:
+            live = [s for s in self._open.values() if not s.ended]
+            if len(live) >= self.limit:
+                return f"server holds its maximum of {self.limit} open streams"
+            if sum(s.client == stream.client for s in live) >= self.per_client:
+                return f"client {stream.client} holds its maximum of {self.per_client} open streams here"
+            self._open[id(stream)] = stream
+        return ""
+
+    def leave(self, stream: _Stream) -> None:
+        with self._lock:
+            self._open.pop(id(stream), None)
+
+    def end_idle(self) -> int:
+        """End the streams idle for longer than ``idle_s``; how many."""
+        now = time.monotonic()
+        with self._lock:
+            idle = [s for s in self._open.values() if not (s.busy or s.ended) and now - s.last > self.idle_s]
+            for s in idle:
+                s.ended = True
+        for s in idle:
+            s.context.cancel()
+        if idle:
+            log.info("ended %d idle stream(s)", len(idle))
+        return len(idle)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(not s.ended for s in self._open.values())
+
+
 STOP_SLACK_S = 5.0
 """How long past its grace a stopping server's gRPC shutdown is waited for."""
 
@@ -139,8 +203,9 @@ class GrpcServer:
                  streams: dict[str, tuple[Callable[[Any, Any], Any], Any]] | None = None,
                  host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 16,
-                 tls_cert: str | None = None, tls_key: str | None = None):
+                 tls_cert: str | None = None, tls_key: str | None = None, open_streams: OpenStreams | None = None):
         self.token, self.service = token, service
+        self.streams = open_streams  # the stream calls' limits (None: none)
         options = _options(max_message_bytes)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                                   maximum_concurrent_rpcs=workers * 8)
@@ -173,8 +238,22 @@ class GrpcServer:
     def _guard_stream(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[Any, Any], Any]:
         def handler(raws: Any, context: grpc.ServicerContext) -> Any:
             self._check_token(context)  # once per stream
-            for raw in raws:
-                yield self._handle(fn, request_cls, raw, context)
+            if self.streams is None:
+                for raw in raws:
+                    yield self._handle(fn, request_cls, raw, context)
+                return
+            try:
+                stream = self.streams.enter(context)
+            except Abort as e:
+                context.abort(e.code, e.message)
+            try:
+                for raw in raws:
+                    stream.busy = True
+                    reply = self._handle(fn, request_cls, raw, context)
+                    stream.busy, stream.last = False, time.monotonic()
+                    yield reply
+            finally:
+                self.streams.leave(stream)
         return handler
 
     @property
