@@ -423,6 +423,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "checkpoint_freq": ("Ray Tune's", {"checkpoint_interval": ", in env steps (Tune's counts iterations)"}),
     "checkpoint_frequency": ("Ray Tune's", {"checkpoint_interval": ", in env steps (Tune's counts iterations)"}),
     "store_buffer_in_checkpoints": ("RLlib's", {"save_replay": ""}),
+    "num_replay_buffer_shards": ("RLlib's Ape-X", {"num_replay_shards": ""}),
     "training_intensity": ("RLlib's", {"updates_per_step": ", in updates per env step (training_intensity / "
                                                            "{batch_size})"}),
     "samples_per_insert": ("Reverb's", {"updates_per_step": ", in updates per env step (samples_per_insert / "
