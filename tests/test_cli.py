@@ -976,7 +976,8 @@ def test_every_peer_name_is_one_some_algorithm_lacks_and_names_settings_it_has()
     everywhere = {name for spec in ALGOS.values() for name in field_names(spec.config_cls)}
     for peer, (whose, ours) in PEER_NAMES.items():
         assert whose.split("'s")[0] in ("SB3", "SB3 Monitor", "SB3 CheckpointCallback", "sb3-contrib", "rl-zoo",
-                                          "RLlib", "RLlib Ape-X", "Ray Tune", "Reverb", "CleanRL", "the ARS paper"), peer
+                                          "RLlib", "RLlib Ape-X", "Ray Tune", "Reverb", "CleanRL",
+                                          "the ARS paper"), peer
         assert set(ours) <= everywhere, (peer, set(ours) - everywhere)
         named = {m for note in ours.values() for m in re.findall(r"\{(\w+)\}", note)}
         assert named <= everywhere, (peer, named - everywhere)
