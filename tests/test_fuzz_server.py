@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -85,6 +87,32 @@ def test_malformed_requests_get_clear_statuses(target):
 
     sent = fuzz(st.tuples(st.sampled_from(METHODS), payloads, st.booleans()), send, 10_000)
     assert len(sent) >= 10_000 and set(sent) == set(METHODS), len(sent)
+
+
+def test_malformed_step_streams_get_clear_statuses_and_give_their_places_back(target):
+    """StepStream calls of malformed requests, each a stream of a few: every one ends with a clear
+    status, and none keeps its place among the streams the server takes (one per session: a leak
+    would soon refuse every stream)."""
+    server, calls, session = target
+    channel = grpc.insecure_channel(server.address)
+    stream = channel.stream_stream("/shoal.v1.EnvService/StepStream")
+
+    def send(payloads):
+        try:
+            list(stream(iter(payloads), timeout=5))
+        except grpc.RpcError as e:
+            assert e.code() in EXPECTED, (payloads[0][:64], e.code(), e.details())
+        return len(payloads)
+
+    try:
+        sent = fuzz(st.tuples(st.lists(payloads, min_size=1, max_size=3)), send, 1_000)
+    finally:
+        channel.close()
+    for _ in range(250):  # the last stream's handler may still be giving its place back
+        if not len(server.server.streams):
+            break
+        time.sleep(0.02)
+    assert len(sent) == 1_000 and len(server.server.streams) == 0
 
 
 def test_the_server_still_serves_after_the_fuzzing(target):
