@@ -470,6 +470,17 @@ def test_streams_that_send_nothing_leave_the_server_its_threads_and_other_client
     env.close()
 
 
+def test_a_run_refused_a_session_is_told_what_its_sessions_are(servers):
+    server = servers(num_envs=1, max_sessions=1)
+    env = RemoteVectorEnv(f"remote://{server.address}")
+    with pytest.raises(ShoalError) as caught:
+        RemoteVectorEnv(f"remote://{server.address}")  # a second runner, or the evaluator
+    assert str(caught.value) == (f"env server {server.address}: RESOURCE_EXHAUSTED: server holds its maximum of 1 "
+                                 "sessions; close one or retry later (a training run holds a session on each server "
+                                 "for each of its runners and one for its evaluator)")
+    env.close()
+
+
 def test_one_client_holds_at_most_its_share_of_streams(servers, monkeypatch):
     import shoal.remote.envserver as envserver
 

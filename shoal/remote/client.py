@@ -225,6 +225,9 @@ def _describe_error(kind: str, e: grpc.RpcError) -> str:
         return f"unreachable (is `shoal serve-{kind}` running there?)"
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return f"{code.name}: {e.details()} (give the server's token in SHOAL_TOKEN or SHOAL_TOKEN_FILE)"
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and kind == "env" and "sessions" in (e.details() or ""):
+        return (f"{code.name}: {e.details()} (a training run holds a session on each server for each of its runners "
+                "and one for its evaluator)")
     return f"{code.name}: {e.details()}"
 
 
