@@ -846,7 +846,11 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     made += f"frame stack {args.frame_stack}, " if args.frame_stack is not None else ""
     made += "action mask from info, " if args.info_action_mask else ""
     made += "".join(f"in {path}, " for path, _ in server.env_options.wrappers)
-    return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)")
+    where = server.address if args.host not in ("0.0.0.0", "::", "[::]") else f"THIS_HOST:{server.server.port}"
+    token = f"SHOAL_TOKEN_FILE={args.token_file} " if args.token_file else ""
+    return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)",
+                  f"  check it:    {token}shoal check-env remote://{where}\n"
+                  f"  train on it: {token}shoal train ppo --env remote://{where}/{args.env_id}")
 
 
 @dataclass(frozen=True)
@@ -939,8 +943,9 @@ def _wait_for_first_checkpoints(paths: tuple[str, ...], console: Console, poll_s
                 time.sleep(poll_s)
 
 
-def _serve(server: Any, console: Console, what: str) -> int:
-    """Run a server until Ctrl-C or SIGTERM, then stop it gracefully."""
+def _serve(server: Any, console: Console, what: str, then: str = "") -> int:
+    """Run a server until Ctrl-C or SIGTERM, then stop it gracefully. ``what`` it serves, and
+    ``then`` what to do with it, are said once it listens."""
     import signal
     import threading
 
@@ -950,6 +955,8 @@ def _serve(server: Any, console: Console, what: str) -> int:
     server.start()
     auth = "token required" if server.server.token else "no token"
     console.print(f"{what} on {server.address} ({auth}); Ctrl-C stops", highlight=False)
+    if then:
+        console.print(then, highlight=False, markup=False)
     sys.stdout.flush()
     stop.wait()
     server.stop(grace=2.0)
