@@ -84,7 +84,7 @@ class EnvServer:
             # an open StepStream holds a worker thread: one per session at most, so that 8 are
             # always left for the other calls
             open_streams=OpenStreams(max_sessions, self.max_sessions_per_client, session_timeout_s,
-                                     lambda context: client_of(context)),
+                                     lambda context: client_of(context)),  # this module's, when called
             **{"workers": max_sessions + 8, **server_options})
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)

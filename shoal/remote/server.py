@@ -12,6 +12,7 @@ import hmac
 import inspect
 import ipaddress
 import logging
+import math
 import socket
 import threading
 import time
@@ -145,12 +146,13 @@ class OpenStreams:
     client (``client_of(context)``); one idle for longer than ``idle_s`` between messages is
     ended (cancelled), and idle ones make room before a new one is refused (RESOURCE_EXHAUSTED)."""
 
-    def __init__(self, limit: int, per_client: int, idle_s: float, client_of: Callable[[Any], str]):
+    def __init__(self, limit: float, per_client: float, idle_s: float, client_of: Callable[[Any], str]):
         self.limit, self.per_client, self.idle_s, self.client_of = limit, per_client, idle_s, client_of
         self._open: dict[int, _Stream] = {}
         self._lock = threading.Lock()
 
     def enter(self, context: Any) -> _Stream:
+        """Count in the stream of ``context``, or raise Abort(RESOURCE_EXHAUSTED) saying why not."""
         stream = _Stream(context, self.client_of(context))
         why = self._admit(stream)
         if why and self.end_idle():
@@ -205,7 +207,9 @@ class GrpcServer:
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, workers: int = 16,
                  tls_cert: str | None = None, tls_key: str | None = None, open_streams: OpenStreams | None = None):
         self.token, self.service = token, service
-        self.streams = open_streams  # the stream calls' limits (None: none)
+        # the stream calls' limits (none given: none)
+        self.streams = (open_streams if open_streams is not None  # (one with no stream open is falsy)
+                        else OpenStreams(math.inf, math.inf, math.inf, lambda context: ""))
         options = _options(max_message_bytes)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=options,
                                   maximum_concurrent_rpcs=workers * 8)
@@ -238,10 +242,6 @@ class GrpcServer:
     def _guard_stream(self, fn: Callable[[Any, Any], Any], request_cls: Any) -> Callable[[Any, Any], Any]:
         def handler(raws: Any, context: grpc.ServicerContext) -> Any:
             self._check_token(context)  # once per stream
-            if self.streams is None:
-                for raw in raws:
-                    yield self._handle(fn, request_cls, raw, context)
-                return
             try:
                 stream = self.streams.enter(context)
             except Abort as e:
