@@ -1305,30 +1305,30 @@ def test_every_algorithms_config_class_is_shoals_by_its_name():
 def test_serve_env_says_how_to_check_the_server_and_train_on_it(capsys, tmp_path):
     """Its first lines: where it listens, then the commands that check it and train on it, which
     work as printed (a server bound to every address names this machine's for the user to fill in)."""
+    import contextlib
     import shlex
 
-    command = [sys.executable, "-c", "import sys; from shoal.cli import main; sys.exit(main())", "serve-env",
-               "CartPole-v1", "--num-envs", "2", "--port", "0"]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = [server.stdout.readline() for _ in range(3)]
+    @contextlib.contextmanager
+    def serving(*extra):
+        """`shoal serve-env` started in a process of its own, and its first three lines."""
+        server = subprocess.Popen([sys.executable, "-c", "import sys; from shoal.cli import main; sys.exit(main())",
+                                   "serve-env", "CartPole-v1", "--num-envs", "2", "--port", "0", *extra],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            yield [server.stdout.readline() for _ in range(3)]
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+    with serving() as lines:
         address = lines[0].split(" on ")[1].split()[0]
         assert lines[1:] == [f"  check it:    shoal check-env remote://{address}\n",
                              f"  train on it: shoal train ppo --env remote://{address}/CartPole-v1\n"], lines
         assert main(shlex.split(lines[1].partition(":")[2])[1:]) == 0  # shoal check-env remote://...
         assert "proto/shoal.proto's checks: passed" in capsys.readouterr().out
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     token = tmp_path / "token"
     token.write_text("a-token-of-sixteen-or-more\n")
-    server = subprocess.Popen([*command, "--host", "0.0.0.0", "--token-file", str(token)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = [server.stdout.readline() for _ in range(3)]
+    with serving("--host", "0.0.0.0", "--token-file", str(token)) as lines:
         port = lines[0].split(" on 0.0.0.0:")[1].split()[0]
         assert lines[2] == (f"  train on it: SHOAL_TOKEN_FILE={token} shoal train ppo --env "
                             f"remote://THIS_HOST:{port}/CartPole-v1\n"), lines
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
