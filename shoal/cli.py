@@ -846,7 +846,7 @@ def cmd_serve_env(argv: list[str], console: Console) -> int:
     made += f"frame stack {args.frame_stack}, " if args.frame_stack is not None else ""
     made += "action mask from info, " if args.info_action_mask else ""
     made += "".join(f"in {path}, " for path, _ in server.env_options.wrappers)
-    where = server.address if args.host not in ("0.0.0.0", "::", "[::]") else f"THIS_HOST:{server.server.port}"
+    where = _reachable(args.host, server)
     token = f"SHOAL_TOKEN_FILE={args.token_file} " if args.token_file else ""
     return _serve(server, console, f"serving {args.env_id} ({made}{args.num_envs} envs per session)",
                   f"  check it:    {token}shoal check-env remote://{where}\n"
@@ -917,7 +917,10 @@ def cmd_serve_policy(argv: list[str], console: Console) -> int:
                           token=read_token(args.token_file), max_message_bytes=int(args.max_message_mb * 2**20),
                           tls_cert=args.tls_cert, tls_key=args.tls_key, device=args.device)
     versions = ", ".join(f"{pid} (version {p.version})" for pid, p in server.policies.items())
-    return _serve(server, console, f"serving {versions}" + (", following their runs" if args.follow else ""))
+    where = _reachable(args.host, server)
+    return _serve(server, console, f"serving {versions}" + (", following their runs" if args.follow else ""),
+                  f"  clients: shoal.PolicyClient({where!r}).act(obs) in Python, or proto/shoal.proto's "
+                  "PolicyService in any language (examples/node_simulator/play.js)")
 
 
 def _wait_for_first_checkpoints(paths: tuple[str, ...], console: Console, poll_s: float = 1.0) -> None:
@@ -941,6 +944,12 @@ def _wait_for_first_checkpoints(paths: tuple[str, ...], console: Console, poll_s
                     sys.stdout.flush()
                     said = True
                 time.sleep(poll_s)
+
+
+def _reachable(host: str, server: Any) -> str:
+    """The address clients reach ``server`` at: a server bound to every address leaves the host to
+    the user (THIS_HOST)."""
+    return server.address if host not in ("0.0.0.0", "::", "[::]") else f"THIS_HOST:{server.server.port}"
 
 
 def _serve(server: Any, console: Console, what: str, then: str = "") -> int:

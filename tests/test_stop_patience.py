@@ -52,7 +52,12 @@ def test_a_run_stops_at_the_first_evaluation_that_makes_n_in_a_row_no_better(tmp
     server = subprocess.Popen([sys.executable, "-m", "shoal", "serve-policy", str(run), "--best", "--port", "0"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:  # serve-policy --best serves that one too
-        assert server.stdout.readline().startswith(f"serving default (version {best_version}) on ")
+        line = server.stdout.readline()
+        assert line.startswith(f"serving default (version {best_version}) on "), line
+        address = line.split(" on ")[1].split()[0]
+        assert server.stdout.readline() == (f"  clients: shoal.PolicyClient('{address}').act(obs) in Python, or "
+                                            "proto/shoal.proto's PolicyService in any language "
+                                            "(examples/node_simulator/play.js)\n")
     finally:
         server.terminate()
         server.wait(timeout=30)
