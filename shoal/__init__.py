@@ -31,6 +31,7 @@ _EXPORTS = {
     "TQCConfig": "shoal.algos.tqc", "QRDQNConfig": "shoal.algos.qrdqn",
     "ARSConfig": "shoal.algos.ars", "batched": "shoal.batching",
     "RemoteVectorEnv": "shoal.remote.client", "PolicyClient": "shoal.remote.policyserver",
+    "EnvServer": "shoal.remote.envserver", "PolicyServer": "shoal.remote.policyserver",
     "ServerError": "shoal.remote.client",
     "make_config": "shoal.algos", "tune": "shoal.tuning", "train_seeds": "shoal.seeds",
     "resume_seeds": "shoal.seeds",

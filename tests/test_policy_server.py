@@ -224,6 +224,20 @@ def test_frozen_lake_states_are_served_as_the_env_gives_them(tmp_path, tiny, mon
         server.stop(grace=0)
 
 
+def test_a_policy_server_from_python_takes_one_path_and_serves_for_a_with_block(tmp_path, tiny):
+    policy = make_checkpoint(tmp_path / "cart", tiny=tiny)
+    obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    with shoal.PolicyServer(tmp_path / "cart", port=0) as server:  # the "default" policy
+        client = shoal.PolicyClient(server.address)
+        assert client.describe().policy_ids == ["default"]
+        assert np.array_equal(client.act(obs)[0], policy.act(obs, deterministic=True))
+        client.close()
+    client = shoal.PolicyClient(server.address, timeout_s=2)
+    with pytest.raises(shoal.ServerError, match="unreachable"):  # stopped at the block's end
+        client.act(obs)
+    client.close()
+
+
 def test_a_client_of_a_missing_server_gets_one_line_naming_it():
     import socket
 

@@ -244,6 +244,20 @@ def test_integer_observations_in_a_wider_dtype_are_cast_only_where_their_values_
         gym.registry.pop("ShoalTestPixels-v0")
 
 
+def test_an_env_class_is_served_from_python_for_a_with_block():
+    """shoal.EnvServer takes a gymnasium.Env subclass, as a config's env does (its import path)."""
+    import shoal
+
+    with shoal.EnvServer(Pixels, 2) as server:
+        assert server.env_id == "test_remote:Pixels"
+        env = shoal.RemoteVectorEnv(f"remote://{server.address}")
+        obs, _ = env.reset(seed=0)
+        assert obs.dtype == np.uint8 and obs.shape == (2, 3) and (obs == 7).all()
+        env.close()
+    with pytest.raises(ShoalError, match="unreachable"):  # stopped at the block's end
+        shoal.RemoteVectorEnv(f"remote://{server.address}", timeout_s=2)
+
+
 def test_a_restarted_server_is_reconnected(servers):
     server = servers(num_envs=2)
     port = server.server.port

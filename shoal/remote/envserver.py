@@ -49,12 +49,18 @@ class Session:
 
 
 class EnvServer:
-    """Hosts sessions of ``env_id`` (or of the ``allow``-ed ids a client asks for)."""
+    """Hosts sessions of ``env_id`` (or of the ``allow``-ed ids a client asks for): an env id, or in
+    Python a ``gymnasium.Env`` subclass, as a config's ``env`` takes it. ``shoal.EnvServer(MyEnv,
+    8, port=50051).start()`` serves in background threads until ``stop()``; as a context manager,
+    for the ``with`` block."""
 
-    def __init__(self, env_id: str, num_envs: int = 8, *, allow: tuple[str, ...] = (), max_sessions: int = 16,
+    def __init__(self, env_id: str | type, num_envs: int = 8, *, allow: tuple[str, ...] = (), max_sessions: int = 16,
                  max_sessions_per_client: int | None = None, session_timeout_s: float = 300.0,
                  env_kwargs: dict[str, Any] | None = None, env_options: EnvOptions = NO_OPTIONS,
                  **server_options: Any):
+        from shoal.config import env_setting
+
+        env_id = env_setting(env_id)
         if num_envs < 1:
             raise ShoalError("--num-envs must be at least 1")
         if max_sessions_per_client is not None and max_sessions_per_client < 1:
@@ -109,6 +115,12 @@ class EnvServer:
 
     def wait(self) -> None:
         self.server.wait()
+
+    def __enter__(self) -> "EnvServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(min(5.0, self.session_timeout_s / 4)):

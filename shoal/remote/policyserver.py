@@ -45,12 +45,16 @@ SERVICE = "shoal.v1.PolicyService"
 
 
 class PolicyServer:
-    """Serves policies by id; ``sources`` maps each id to a run directory or checkpoint."""
+    """Serves policies by id; ``sources`` maps each id to a run directory or checkpoint (one path:
+    the "default" policy's). ``shoal.PolicyServer("runs/mine", port=50061).start()`` serves in
+    background threads until ``stop()``; as a context manager, for the ``with`` block."""
 
-    def __init__(self, sources: dict[str, str | Path], *, follow: bool = False, poll_s: float = 1.0,
+    def __init__(self, sources: str | Path | dict[str, str | Path], *, follow: bool = False, poll_s: float = 1.0,
                  max_batch: int = 64, max_wait_ms: float = 2.0, device: str = "cpu", **server_options: Any):
         from shoal import devices
 
+        if isinstance(sources, (str, Path)):
+            sources = {"default": sources}
         if not sources:
             raise ShoalError("name at least one run directory or checkpoint to serve")
         self.device = devices.resolve(device)  # where the forward passes run
@@ -94,6 +98,12 @@ class PolicyServer:
 
     def wait(self) -> None:
         self.server.wait()
+
+    def __enter__(self) -> "PolicyServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
     # -- hot swap -----------------------------------------------------------------------------
     def _watch(self) -> None:
