@@ -21,7 +21,7 @@ import numpy as np
 from shoal.envs import NO_OPTIONS, EnvOptions, make_vector_env
 from shoal.errors import ShoalError
 from shoal.remote import shoal_pb2 as pb
-from shoal.remote.server import Abort, GrpcServer, OpenStreams, log
+from shoal.remote.server import Abort, GrpcServer, OpenStreams, log, over_limit
 from shoal.remote.wire import check_actions, decode, encode, encode_info, encode_space
 
 SERVICE = "shoal.v1.EnvService"
@@ -174,12 +174,9 @@ class EnvServer:
     def _full(self, client: str) -> str:
         """Why ``client`` may not open another session now ("" if it may)."""
         with self.lock:
-            if len(self.sessions) >= self.max_sessions:
-                return f"server holds its maximum of {self.max_sessions} sessions"
-            if sum(s.client == client for s in self.sessions.values()) >= self.max_sessions_per_client:
-                return (f"client {client} holds its maximum of {self.max_sessions_per_client} sessions here "
-                        "(--max-sessions-per-client)")
-        return ""
+            holders = [s.client for s in self.sessions.values()]
+        return over_limit(holders, client, self.max_sessions, self.max_sessions_per_client, "sessions",
+                          " (--max-sessions-per-client)")
 
     def reset(self, req: pb.ResetRequest, context: Any) -> pb.ResetReply:
         s = self._session(req.session)

@@ -130,6 +130,16 @@ def _service(service: str, handlers: dict[str, tuple[Callable[[Any, Any], Any], 
     return grpc.method_handlers_generic_handler(service, methods)
 
 
+def over_limit(holders: list[str], client: str, limit: float, per_client: float, what: str, flag: str = "") -> str:
+    """Why ``client`` may not hold one more of ``what`` where ``holders`` name the client of each
+    one held: the server's ``limit`` of them, or a client's ``per_client`` ("" if it may)."""
+    if len(holders) >= limit:
+        return f"server holds its maximum of {limit} {what}"
+    if holders.count(client) >= per_client:
+        return f"client {client} holds its maximum of {per_client} {what} here{flag}"
+    return ""
+
+
 class _Stream:
     """An open stream call: who opened it, when its last message was answered, whether one is
     being handled now."""
@@ -164,13 +174,11 @@ class OpenStreams:
     def _admit(self, stream: _Stream) -> str:
         """Count ``stream`` in, or say why it may not open now."""
         with self._lock:
-            live = [s for s in self._open.values() if not s.ended]
-            if len(live) >= self.limit:
-                return f"server holds its maximum of {self.limit} open streams"
-            if sum(s.client == stream.client for s in live) >= self.per_client:
-                return f"client {stream.client} holds its maximum of {self.per_client} open streams here"
-            self._open[id(stream)] = stream
-        return ""
+            why = over_limit([s.client for s in self._open.values() if not s.ended], stream.client, self.limit,
+                             self.per_client, "open streams")
+            if not why:
+                self._open[id(stream)] = stream
+        return why
 
     def leave(self, stream: _Stream) -> None:
         with self._lock:
