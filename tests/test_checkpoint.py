@@ -184,7 +184,7 @@ def _shoal(*args, **kw):
 
 
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):
-    args = ["train", "ppo", "--env", "CartPole-v1", "--total-steps", "12288", "--checkpoint-interval", "2048",
+    args = ["train", "ppo", "--env", "CartPole-v1", "--total-steps", "6144", "--checkpoint-interval", "2048",
             "--eval-interval", "4096", "--no-progress", "--no-tensorboard", "--seed", "5"]
     full = _shoal(*args, "--run-dir", str(tmp_path / "full"))
     killed = _shoal(*args, "--run-dir", str(tmp_path / "killed"))
