@@ -88,7 +88,7 @@ class Algorithm:
                                               name=f"runner-{i}", num_cpus=self.backend.runner_cpus(),
                                               num_gpus=self.backend.runner_gpus())
                             for i in range(config.num_env_runners)]
-            self.evaluator = self.backend.make(Evaluator, config, self.store, name="evaluator")
+            self._evaluator: Any = None  # made at the first evaluation (start_evaluator)
             self.backend.get(self.learner.call("publish"))
             # Wait for the runners to start, so that --runner-timeout-s bounds sampling only.
             self.backend.wait_for_runners([r.call("ping") for r in self.runners])
@@ -365,12 +365,20 @@ class Algorithm:
         if episodes is not None and (isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral)
                                      or episodes < 1):
             raise ShoalError(f"episodes must be a whole number of at least 1, got {episodes!r}")
-        out = self.backend.get(self.evaluator.call(
+        out = self.backend.get(self.start_evaluator().call(
             "evaluate", c.eval_episodes if episodes is None else int(episodes),
             c.eval_deterministic if deterministic is None else deterministic,
             c.seed + EVAL_SEED_OFFSET))
         return {"iteration": self.iteration, "env_steps": self.env_steps, "time/elapsed_s": self.elapsed_s,
                 **out, "time/wall_s": self.wall_s}
+
+    def start_evaluator(self) -> Any:
+        """The evaluation role, made at its first use: an Algorithm that a script trains and never
+        evaluates makes none (on Ray, a process less: RLlib makes its evaluation workers only where
+        evaluation is configured). :func:`shoal.train` starts it with the run, beside the others."""
+        if self._evaluator is None:
+            self._evaluator = self.backend.make(Evaluator, self.config, self.store, name="evaluator")
+        return self._evaluator
 
     @property
     def wall_s(self) -> float:

@@ -208,6 +208,7 @@ def _fit(algo: Algorithm, run: RunDir, console: Console | None, callback: Callba
          recorder: VideoRecorder | None, label: str | None) -> dict[str, Any]:
     """:func:`fit`'s loop, with its video recorder (None: no videos)."""
     c, console = algo.config, console or Console(stderr=True)
+    algo.start_evaluator()  # now, beside the other roles, not at the first evaluation
     every = lambda interval, steps: steps // interval if interval else 0  # noqa: E731
     last_eval, last_ckpt = every(c.eval_interval, algo.env_steps), every(c.checkpoint_interval, algo.env_steps)
     last_log = every(c.log_interval, algo.env_steps)
