@@ -1007,7 +1007,7 @@ def test_every_command_the_peer_algorithm_names_suggest_is_one_shoal_takes():
     for text in PEER_ALGOS.values():
         for command in re.findall(r"`shoal train ([^`]+)`", text):
             algo, *flags = shlex.split(command)
-            # "(ddpg, td3, sac and qrdqn take --apex too)": each of them takes the same command
+            # "(qrdqn, ddpg, td3, sac, tqc and crossq take --apex too)": each of them takes the same command
             others = re.findall(r"\(([a-z0-9, ]+) take --[-\w]+ too", text)
             for name in [algo, *(re.split(r", | and ", others[0]) if others else [])]:
                 cls = ALGOS[name].config_cls

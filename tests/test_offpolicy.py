@@ -313,6 +313,27 @@ def test_apex_runners_explore_on_a_ladder_and_fill_their_own_shards():
         assert metrics["learner/updates"] > 0
 
 
+@pytest.mark.parametrize("algo, env", [("qrdqn", "CartPole-v1"), ("ddpg", "Pendulum-v1"), ("td3", "Pendulum-v1"),
+                                       ("sac", "Pendulum-v1"), ("sac", "CartPole-v1"), ("tqc", "Pendulum-v1"),
+                                       ("crossq", "Pendulum-v1")])
+def test_every_replay_algorithm_trains_under_apex(algo, env):
+    """--apex beside DQN (whose ladder is above, and whose learning is on Ray): two runners fill
+    their own shards, and the learner updates from them; TD3's and DDPG's runners explore with
+    noise on Ape-X's ladder, from half to twice --action-noise. SAC's family explores by its own
+    entropy, the same on every runner."""
+    config = shoal.make_config(algo, env, apex=True, num_env_runners=2, num_replay_shards=2, learning_starts=64,
+                               batch_size=32, hidden_sizes=(16,), torch_threads=1, progress=False, tensorboard=False)
+    with shoal.make(config) as a:  # the local backend runs Ape-X's roles synchronously
+        for _ in range(8):
+            metrics = a.train()
+        stored = [s.obj.stored() for s in a.learner.obj.replay.shards]
+        assert stored[0] > 0 and stored == [stored[0]] * 2, stored  # runner i -> shard i
+        assert metrics["learner/updates"] > 0
+        if algo in ("ddpg", "td3"):
+            noise = [float(r.obj.policy.noise_std) for r in a.runners]
+            assert noise == pytest.approx([config.action_noise / 2, config.action_noise * 2])
+
+
 def test_apex_runners_fill_their_shard_in_long_rollouts_until_the_learner_samples_it(tmp_path, caplog):
     """While a shard fills to the size the learner samples from (learning_starts, or after a
     resume without the replay), an Ape-X runner inserts as much as the rate limiter allows, up

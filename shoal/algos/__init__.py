@@ -37,8 +37,8 @@ def register(spec: AlgoSpec) -> AlgoSpec:
 _MULTI_AGENT = "is a multi-agent algorithm: shoal trains single-agent envs only for now"
 _OFFLINE = "learns from a dataset (offline RL): shoal learns from envs only"
 PEER_ALGOS: dict[str, str] = {
-    "apex": "Ape-X is `shoal train dqn --apex --backend ray --num-env-runners 4` (ddpg, td3, sac and qrdqn take "
-            "--apex too)",
+    "apex": "Ape-X is `shoal train dqn --apex --backend ray --num-env-runners 4` (qrdqn, ddpg, td3, sac, tqc and "
+            "crossq take --apex too)",
     "apexdqn": "RLlib's APEX_DQN is `shoal train dqn --apex --backend ray --num-env-runners 4`",
     "apexddpg": "RLlib's APEX_DDPG is `shoal train ddpg --apex --backend ray --num-env-runners 4`",
     "rainbow": "Rainbow is `shoal train dqn --num-atoms 51 --noisy --dueling --n-step 3 --prioritized` (double by "
