@@ -376,6 +376,7 @@ class Algorithm:
         """The evaluation role, made at its first use: an Algorithm that a script trains and never
         evaluates makes none (on Ray, a process less: RLlib makes its evaluation workers only where
         evaluation is configured). :func:`shoal.train` starts it with the run, beside the others."""
+        self._check_running()
         if self._evaluator is None:
             self._evaluator = self.backend.make(Evaluator, self.config, self.store, name="evaluator")
         return self._evaluator
