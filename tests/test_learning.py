@@ -81,7 +81,8 @@ C51 = {"num_atoms": 51, "v_min": 0.0, "v_max": 100.0}  # CartPole's returns at g
 # Seed 0 of DQN's preset swings between evaluations: each is a draw from a policy that changes fast.
 # Every 2,048 steps (the preset) the first at 475 comes at 43.0k (55 s alone); every 512, at 35.3k
 # (41 s alone, 51-61 s in the suite; 2026-11-29, the same at 96803ac, whose comment said 14.8k and
-# 33k). Training is the same step for step whatever the evaluations: they only find the target sooner. QR-DQN's preset (rl-zoo's:
+# 33k). Training is the same step for step whatever the evaluations: they only find the target
+# sooner. QR-DQN's preset (rl-zoo's:
 # DQN's with 10 quantiles, Adam's epsilon 0.01 / 64), evaluated every 512: seeds 0-2 at 23.0k, 27.1k and
 # 23.0k steps (25, 33, 25 s). Rainbow (QR-DQN's preset with every option and noisy nets): seeds 0-2 at 22.0k,
 # 27.6k and 11.8k (49, 60, 27 s). Rainbow (DQN's preset with every option: C51 and noisy nets too): seeds

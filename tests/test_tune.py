@@ -263,13 +263,14 @@ def test_sigterm_to_the_command_alone_ends_the_other_processes_trials_saved(tmp_
 
     from shoal import checkpoint as ckpt
 
-    study = tmp_path / "study"
+    study, steps = tmp_path / "study", 12_000
     # pytest-xdist's workers ignore SIGINT and a child inherits that: the command restores it (a shell's does)
     command = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
                "runpy.run_module('shoal.cli', run_name='__main__', alter_sys=True)")
     p = subprocess.Popen([sys.executable, "-c", command, "tune", "ppo", "--env", "CartPole-v1", "--trials", "2",
-                          "--total-steps", "12000", "--evaluations", "1", "--n-jobs", "2", "--no-prune", "--seed", "1",
-                          "--param", "num_epochs=[20, 1]", "--set", "minibatch_size=32", "--study-dir", str(study)],
+                          "--total-steps", str(steps), "--evaluations", "1", "--n-jobs", "2", "--no-prune",
+                          "--seed", "1", "--param", "num_epochs=[20, 1]", "--set", "minibatch_size=32",
+                          "--study-dir", str(study)],
                          stdout=subprocess.DEVNULL, stderr=(tmp_path / "err").open("w"))
     deadline = time.time() + 120
 
@@ -287,9 +288,9 @@ def test_sigterm_to_the_command_alone_ends_the_other_processes_trials_saved(tmp_
     err = (tmp_path / "err").read_text()
     assert p.returncode == 130 and "interrupted; the study's trials are in" in err and "Traceback" not in err, err
     trials = {int(t["num_epochs"]): t for t in rows(study)}
-    assert trials[1]["state"] == "complete" and int(trials[1]["env_steps"]) >= 12000
+    assert trials[1]["state"] == "complete" and int(trials[1]["env_steps"]) >= steps
     slow = study / f"trial_{int(trials[20]['trial']):04d}"
-    assert 0 < ckpt.read_meta(ckpt.resolve(slow))["env_steps"] < 12000  # saved where it had come to
+    assert 0 < ckpt.read_meta(ckpt.resolve(slow))["env_steps"] < steps  # saved where it had come to
     size = (slow / "progress.csv").stat().st_size
     time.sleep(2)  # and no process trains on
     assert (slow / "progress.csv").stat().st_size == size
