@@ -99,6 +99,7 @@ class Algorithm:
         self.env_steps = 0
         self.num_episodes = 0
         self.policy_version = 0
+        self.replay_loaded = 0  # transitions --init-replay put in replay (they count towards learning_starts)
         self.elapsed_s = 0.0  # time spent in train(), carried across resumes
         self.wall_offset_s = 0.0  # wall time of earlier sessions of this run (resume)
         self.recent_returns: deque[float] = deque(maxlen=100)
@@ -209,7 +210,7 @@ class Algorithm:
         hung one."""
         c = self.config
         per_iteration = c.steps_per_rollout * c.num_envs_per_runner * len(self.runners)
-        left = min(getattr(c, "learning_starts", 0), c.total_steps) - self.env_steps
+        left = min(getattr(c, "learning_starts", 0) - self.replay_loaded, c.total_steps) - self.env_steps
         if left <= per_iteration or self.sample_s_per_step is None:
             return c.steps_per_rollout
         most = min(EnvRunner.WARMUP_ROLLOUT_STEPS, int(c.runner_timeout_s / 10 / self.sample_s_per_step))
@@ -429,7 +430,11 @@ class Algorithm:
         self._check_network_fits(path)
         self._check_spaces(path)
         state = ckpt.read_state(path)
+        if state["learner"].get("replay") is not None:
+            self._check_replay_fits(path, "resume")
+            self._prepare_saved_replay(path, state["learner"]["replay"])
         self.backend.get(self.learner.call("set_state", state["learner"]))
+        self.replay_loaded = state["learner"].get("replay_loaded", 0)
         if "replay" in state["learner"] and state["learner"]["replay"] is None:
             import logging
 
@@ -463,8 +468,8 @@ class Algorithm:
         """Start this new run's networks from a checkpoint (or run directory) of the same algorithm
         (``--init-from``, rl-zoo's ``--trained-agent``): its policy and the algorithm's other networks
         (critics, targets), with this run's settings, fresh optimisers, counters, random state and
-        an empty replay buffer. The env may differ where its spaces are the checkpoint's. Returns
-        the checkpoint used."""
+        an empty replay buffer (:meth:`init_replay` fills it). The env may differ where its spaces
+        are the checkpoint's. Returns the checkpoint used."""
         self._check_running()
         try:
             path = ckpt.resolve(path)
@@ -481,6 +486,70 @@ class Algorithm:
         extra = ckpt.read_state(path)["learner"]["extra"] if self.spec.learner_cls.EXTRA_NETWORKS else {}
         self.policy_version = self.backend.get(self.learner.call("load_networks", weights, extra))
         return path
+
+    def init_replay(self, path: str | Path) -> int:
+        """Fill this new run's replay buffer with the transitions a checkpoint (or run directory)
+        saved with --save-replay (``--init-replay``, SB3's ``load_replay_buffer``): of any replay
+        algorithm on an env with these spaces, with this run's gamma, n_step and clip_rewards (its
+        stored returns were summed with them). The newest that fit --buffer-size are kept; they
+        count towards learning_starts. Returns how many were loaded."""
+        self._check_running()
+        if not hasattr(self.config, "save_replay"):
+            raise ShoalError(f"--init-replay: {self.spec.name} keeps no replay buffer (it learns from each rollout "
+                             "once): start a replay algorithm from one (dqn, sac, td3, ...)")
+        try:
+            path = ckpt.resolve(path)
+        except ShoalError as e:
+            raise ShoalError(f"--init-replay: {e}") from None
+        self._check_spaces(path)
+        saved = ckpt.read_policy(path)["config"]
+        if "save_replay" not in saved:
+            raise ShoalError(f"--init-replay: {path} is a checkpoint of {ckpt.read_meta(path)['algo']}, which keeps "
+                             "no replay buffer")
+        self._check_replay_fits(path, "start from it", "--init-replay: ")
+        replay = ckpt.read_state(path)["learner"].get("replay")
+        if replay is None:
+            raise ShoalError(f"--init-replay: {path} holds no replay buffer: its run did not set --save-replay "
+                             "(a run of yours that sets it saves its replay in every checkpoint)")
+        loaded, self.policy_version = self.backend.get(self.learner.call("load_replay", replay))
+        self.replay_loaded += loaded
+        return loaded
+
+    def _check_replay_fits(self, path: Path, doing: str, prefix: str = "") -> None:
+        """Refuse a saved replay whose transitions these settings would read otherwise: its n-step
+        returns and discounts were summed with its run's gamma and n_step, and its rewards clipped
+        (or not) as that run's clip_rewards said."""
+        saved = ckpt.read_policy(path)["config"]
+        changed = {key: saved.get(key, default) for key, default in (("gamma", 0.99), ("n_step", 1),
+                                                                      ("clip_rewards", False))
+                   if saved.get(key, default) != getattr(self.config, key)}
+        if changed:
+            differ = "; ".join(f"{key} {value} there, {getattr(self.config, key)} here"
+                               for key, value in changed.items())
+            sets = " ".join(f"--set {key}={str(value).lower()}" for key, value in changed.items())
+            raise ShoalError(f"{prefix}the replay saved in {path} holds returns these settings would read otherwise "
+                             f"({differ}): {doing} with its values ({sets})")
+
+    def _prepare_saved_replay(self, path: Path, replay: list[dict[str, Any]]) -> None:
+        """Mark each saved shard with its capacity (the learner restores a replay exactly where
+        they are its own), and warn where a resume with another --buffer-size or
+        --num-replay-shards loads the saved transitions into the new replay instead."""
+        import logging
+
+        saved, c = ckpt.read_policy(path)["config"], self.config
+        before = (saved["buffer_size"], saved.get("num_replay_shards", 1))
+        for shard in replay:  # checkpoints written before shards recorded their capacity
+            shard.setdefault("capacity", before[0] // len(replay))
+        if before == (c.buffer_size, c.num_replay_shards):
+            return
+        held = sum(shard["size"] for shard in replay)
+        def sizes(buffer_size: int, shards: int) -> str:
+            return f"buffer_size {buffer_size:,}" + (f" in {shards} shards" if shards > 1 else "")
+
+        logging.getLogger("shoal").warning(
+            "resuming with %s where the checkpoint's replay had %s: the newest of its %s transitions that fit were "
+            "loaded, and the rate limiter and unfinished n-step windows start afresh (resume with its sizes to "
+            "continue exactly)", sizes(c.buffer_size, c.num_replay_shards), sizes(*before), f"{held:,}")
 
     def _check_spaces(self, path: Path) -> None:
         """Refuse a checkpoint written for other observations or actions than the env's now, though
@@ -547,14 +616,17 @@ def config_from_dict(algo: str, values: dict[str, Any], source: str = "checkpoin
 
 def make(config: Any) -> Algorithm:
     """Build an algorithm's roles from its config: ``algo = shoal.make(PPOConfig(env=...))``; its
-    networks start from ``config.init_from``'s checkpoint where it names one."""
+    networks start from ``config.init_from``'s checkpoint where it names one, and its replay holds
+    ``config.init_replay``'s transitions where it names one."""
     algo = Algorithm(config)
-    if config.init_from:
-        try:
+    try:
+        if config.init_from:
             algo.init_from(config.init_from)
-        except BaseException:
-            algo.stop()
-            raise
+        if getattr(config, "init_replay", None):
+            algo.init_replay(config.init_replay)
+    except BaseException:
+        algo.stop()
+        raise
     return algo
 
 

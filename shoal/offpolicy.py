@@ -86,6 +86,12 @@ class OffPolicyConfig(Config):
     """Initial importance-sampling exponent, annealed to 1 at total_steps."""
     save_replay: bool = False
     """Keep the replay buffer's contents in checkpoints, so a resume loses no experience."""
+    init_replay: str | None = None
+    """Start the replay buffer with the transitions a run saved with --save-replay: its newest
+    checkpoint's (a run directory) or this checkpoint's (SB3's load_replay_buffer). Any replay
+    algorithm's, on an env with these spaces, with these gamma, n_step and clip_rewards; the
+    newest that fit buffer_size are kept, and they count towards learning_starts. With
+    --init-from the same run, a new run goes on from its networks and its experience."""
     apex: bool = False
     """Ape-X (Horgan et al. 2018): runners with a ladder of exploration rates insert into replay
     shards and keep sampling while the learner trains. Asynchronous on the ray backend; the local
@@ -415,6 +421,7 @@ class OffPolicyLearner(Learner):
         # together (the buffer does not change within the phase).
         self.replay = ShardedReplay(replay_shards, prefetch=8 if config.apex else 1 if config.prioritized else 16)
         self.updates = 0
+        self.replay_loaded = 0  # transitions --init-replay put in replay: they count towards learning_starts
 
     def train_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         """One gradient update; returns metrics and, for prioritised replay, new |TD errors| [N]."""
@@ -422,7 +429,26 @@ class OffPolicyLearner(Learner):
 
     def set_exploration(self, env_steps: int) -> None:
         """Set the policy's exploration buffers for the coming rollouts."""
-        self.policy.random_actions.fill_(env_steps < self.config.learning_starts)
+        self.policy.random_actions.fill_(self.warming_up(env_steps))
+
+    def warming_up(self, env_steps: int) -> bool:
+        """Whether runners still act at random: replay holds fewer than learning_starts transitions
+        of this run's steps and those --init-replay loaded."""
+        return env_steps + self.replay_loaded < self.config.learning_starts
+
+    def load_replay(self, states: list[dict[str, Any]]) -> tuple[int, int]:
+        """Fill replay with a saved replay's transitions (``--init-replay``: another run's
+        checkpoint, with --save-replay); they count towards learning_starts. Returns how many were
+        loaded and the policy version: the next one, published, where the runners' exploration
+        changes with them (no more random steps)."""
+        loaded = self.replay.load(states, self.config.priority_alpha)
+        self.replay_loaded += loaded
+        exploration = [b.clone() for b in self.policy.buffers()]
+        self.set_exploration(self.env_steps)
+        if not all(map(torch.equal, exploration, self.policy.buffers())):
+            self.version += 1
+            self.publish()
+        return loaded, self.version
 
     def _train(self, env_steps: int, max_updates: int | None) -> dict[str, float]:
         """Update while the replay's rate limiter allows (at most ``max_updates`` times)."""
@@ -492,16 +518,20 @@ class OffPolicyLearner(Learner):
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()
-        state["updates"] = self.updates
+        state["updates"], state["replay_loaded"] = self.updates, self.replay_loaded
         state["replay"] = self.replay.get_state() if self.config.save_replay else None
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.updates = state["updates"]
-        if state.get("replay") is not None:
-            self.replay.set_state(state["replay"])
-        else:  # without the replay contents, learning waits for the buffer to refill
+        self.updates, self.replay_loaded = state["updates"], state.get("replay_loaded", 0)
+        saved, shards = state.get("replay"), self.config.num_replay_shards
+        if saved is not None and len(saved) == shards and all(
+                s.get("capacity") == self.config.buffer_size // shards for s in saved):
+            self.replay.set_state(saved)
+        else:  # learning waits for the buffer to refill: with the transitions saved, if any
             self.replay.forget_counts()
+            if saved is not None:  # from a replay of another size (--buffer-size, --num-replay-shards)
+                self.replay.load(saved, self.config.priority_alpha)
         super().set_state(state)  # the exploration buffers come back with the policy weights
 
 

@@ -250,21 +250,49 @@ def _saved(column: np.ndarray | CompressedRows, n: int) -> np.ndarray:
     return column.rows[:n].copy() if isinstance(column, CompressedRows) else column[:n].copy()
 
 
-def _restore(column: np.ndarray | CompressedRows, n: int, saved: np.ndarray) -> None:
-    """Put :func:`_saved` rows back, compressing or decompressing them where the checkpoint was
-    written with the other setting of ``compress_observations``."""
-    compressed = saved.dtype == object
-    if isinstance(column, CompressedRows):
-        if compressed:
-            column.rows[:n] = saved
-        else:
-            column[np.arange(n)] = saved
-    elif compressed:
-        holder = CompressedRows(n, column.shape[1:], column.dtype)
+def _put(column: np.ndarray | CompressedRows, idx: np.ndarray, saved: np.ndarray) -> None:
+    """Put :func:`_saved` rows in slots ``idx``, compressing or decompressing them where the
+    checkpoint was written with the other setting of ``compress_observations``."""
+    if saved.dtype == object and not isinstance(column, CompressedRows):
+        holder = CompressedRows(len(saved), column.shape[1:], column.dtype)
         holder.rows[:] = saved
-        column[:n] = holder[np.arange(n)]
+        saved = holder[np.arange(len(saved))]
+    column[idx] = saved  # a CompressedRows column takes compressed rows as they are, and compresses arrays
+
+
+def saved_transitions(states: list[dict[str, Any]], alpha: float) -> dict[str, Any]:
+    """The transitions of a saved replay (:meth:`ReplayBuffer.get_state` of each of its shards),
+    oldest first: its columns as saved, and each transition's priority (``None`` where the replay
+    was uniform). The shards' rows are interleaved by age within their shard, as they were
+    written side by side. ``alpha``: the priority exponent, for states that do not record it."""
+    order, ages = [], []
+    for s in states:
+        n, pos = s["size"], s["pos"]
+        rows = np.r_[pos:n, 0:pos]  # a ring buffer: from its oldest row (at pos, once it wrapped)
+        order.append(rows)
+        ages.append((np.arange(n) + 1) / max(n, 1))
+    which = np.concatenate([np.full(len(o), i) for i, o in enumerate(order)]).astype(np.int64)
+    merged = np.argsort(np.concatenate(ages), kind="stable")
+    which, rows = which[merged], np.concatenate(order).astype(np.int64)[merged]
+    out: dict[str, Any] = {}
+    for key in ("obs", "next_obs", "actions", "rewards", "discounts"):
+        columns = [s[key] for s in states]
+        if len(states) == 1:
+            out[key] = columns[0][rows]
+        else:
+            out[key] = np.concatenate(columns)[rows + np.cumsum([0] + [len(c) for c in columns])[:-1][which]]
+    if all(s["tree"] is not None for s in states):
+        leaves = [s["tree"][len(s["tree"]) // 2:][:s["size"]] ** (1.0 / s.get("alpha", alpha)) for s in states]
+        offsets = np.cumsum([0] + [len(p) for p in leaves])[:-1]
+        out["priorities"] = np.concatenate(leaves)[rows + offsets[which]]
     else:
-        column[:n] = saved
+        out["priorities"] = None
+    return out
+
+
+def _restore(column: np.ndarray | CompressedRows, n: int, saved: np.ndarray) -> None:
+    """Put :func:`_saved` rows back in the first ``n`` slots."""
+    _put(column, np.arange(n), saved)
 
 
 class ReplayBuffer:
@@ -422,7 +450,34 @@ class ReplayBuffer:
                 "size": n, "tree": None if self.tree is None else self.tree.tree.copy(),
                 "max_priority": self.max_priority, "inserts": self.limiter.inserts, "samples": self.limiter.samples,
                 "rng": self.rng.bit_generator.state, "pending": self.nstep.get_state(),
-                "hindsight": None if self.hindsight is None else self.hindsight.get_state()}
+                "hindsight": None if self.hindsight is None else self.hindsight.get_state(),
+                "capacity": self.capacity, "alpha": self.alpha}
+
+    def load(self, t: dict[str, Any]) -> int:
+        """Add transitions of another replay (:func:`saved_transitions`, oldest first), the newest
+        that fit; returns how many were added. They keep their priorities where both replays are
+        prioritised; the rate limiter counts them as inserted up to the size learners start
+        sampling at, and no sample drawn yet: updates then follow new env steps, as configured,
+        not the loaded count."""
+        n = len(t["rewards"])
+        take = np.arange(max(0, n - self.capacity), n)
+        k = len(take)
+        idx = (self.pos + np.arange(k)) % self.capacity
+        _put(self.obs, idx, t["obs"][take])
+        _put(self.next_obs, idx, t["next_obs"][take])
+        self.actions[idx], self.rewards[idx], self.discounts[idx] = (t[key][take] for key in ("actions", "rewards",
+                                                                                              "discounts"))
+        if self.tree is not None and k:
+            if t["priorities"] is None:  # from a uniform replay: each is replayed at least once
+                self.tree.update(idx, np.full(k, self.max_priority**self.alpha))
+            else:
+                p = t["priorities"][take]
+                self.max_priority = max(self.max_priority, float(p.max()))
+                self.tree.update(idx, p**self.alpha)
+        self.pos = int((self.pos + k) % self.capacity)
+        self.size = min(self.capacity, self.size + k)
+        self.limiter.inserts, self.limiter.samples = min(self.size, self.limiter.min_size), 0
+        return k
 
     def reset_limiter(self) -> None:
         """Start the rate limiter's counts again (the contents were not restored)."""
@@ -491,6 +546,16 @@ class ShardedReplay:
         """Restore :meth:`get_state`."""
         for s, state in zip(self.shards, states):
             s.resolve(s.call("set_state", state))
+
+    def load(self, states: list[dict[str, Any]], alpha: float) -> int:
+        """Put the transitions of a saved replay (:meth:`get_state`, of any number of shards and
+        any capacity) into these shards, dealt round-robin, oldest first, so that each keeps the
+        newest that fit; returns how many they took."""
+        t = saved_transitions(states, alpha)
+        m = len(self.shards)
+        dealt = [{k: None if v is None else v[i::m] for k, v in t.items()} for i in range(m)]
+        calls = [(s, s.call("load", d)) for s, d in zip(self.shards, dealt)]  # the shards load at once
+        return sum(s.resolve(call) for s, call in calls)
 
     def forget_counts(self) -> None:
         """After a resume without replay contents: wait for min_size_to_sample new inserts."""

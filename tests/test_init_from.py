@@ -1,11 +1,13 @@
 """``--init-from RUN_DIR_OR_CHECKPOINT`` (rl-zoo's --trained-agent, SB3's load then learn): a new
 run whose networks start from another run's checkpoint, with its own settings, and fresh
-optimisers, counters and replay."""
+optimisers, counters and replay; and ``--init-replay``, whose replay starts with another run's
+saved transitions."""
 
 from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -114,3 +116,77 @@ def test_a_missing_checkpoint_is_named(tmp_path, capsys):
     assert err.strip() == (f"shoal: error: --init-from: {tmp_path / 'nowhere'} does not exist: give a run directory "
                            "or a checkpoint directory"), err
     assert not (tmp_path / "run").exists()
+
+
+# --init-replay: a new run's replay starts with another run's saved transitions (SB3's load_replay_buffer)
+
+def saved_rewards(run):
+    """The rewards of a run's saved replay, oldest first."""
+    state = shoal.checkpoint.read_state(shoal.checkpoint.resolve(run))["learner"]["replay"][0]
+    return state["rewards"][np.r_[state["pos"]:state["size"], 0:state["pos"]]]
+
+
+@pytest.mark.parametrize("source_algo, algo, env, extra", [("td3", "sac", "Pendulum-v1", {}),
+                                                             ("dqn", "dqn", "CartPole-v1", {"rollout_steps": 4})])
+def test_a_new_run_starts_with_a_saved_replay_whose_transitions_count_towards_learning_starts(tmp_path, source_algo,
+                                                                                             algo, env, extra):
+    source = trained(tmp_path, source_algo, env, 512, save_replay=True, gamma=0.98, **OFF)  # TD3's Pendulum preset's
+    saved = saved_rewards(source)
+    assert len(saved) == 512
+    config = shoal.make_config(algo, env, init_replay=str(source), total_steps=10_000, gamma=0.98, **QUICK,
+                               **{**OFF, "learning_starts": 300, "buffer_size": 400}, **extra)
+    with shoal.make(config) as a:  # 400 of them fit: the newest, in order
+        buf = a.learner.obj.replay.shards[0].obj
+        np.testing.assert_array_equal(buf.rewards[np.r_[buf.pos:len(buf), 0:buf.pos]], saved[-400:])
+        assert a.replay_loaded == 400 and a.policy_version == 1  # published: the runners act with the policy now
+        assert not a.learner.obj.policy.random_actions
+        assert a.train()["learner/updates_this_call"] > 0  # updates from the first step
+        assert a.runners[0].obj.version == 1 and not a.runners[0].obj.policy.random_actions  # its rollout's
+    config = shoal.make_config(algo, env, init_replay=str(source), total_steps=10_000, gamma=0.98, **QUICK,
+                               **{**OFF, "learning_starts": 612}, **extra)
+    with shoal.make(config) as a:  # 100 random steps to go, then updates
+        assert a.replay_loaded == 512 and a.policy_version == 0 and a.learner.obj.policy.random_actions
+        updates = []
+        while a.env_steps < 100:
+            updates.append((a.env_steps, a.train()["learner/updates_this_call"]))
+        assert all(n == 0 for steps, n in updates[:-1]) and updates[-1][1] > 0, updates
+        assert a.env_steps == 100  # the random steps come in long rollouts that end at learning_starts
+        assert not a.learner.obj.policy.random_actions
+
+
+def test_init_from_and_init_replay_of_one_run_go_on_from_its_networks_and_experience(tmp_path):
+    source = trained(tmp_path, "dqn", "CartPole-v1", 512, save_replay=True, **OFF)
+    run = tmp_path / "run"
+    assert main(["train", "dqn", "--init-from", str(source), "--init-replay", str(source), "--total-steps", "256",
+                 "--learning-starts", "64", "--batch-size", "32", "--hidden-sizes", "32", "32", "--run-dir", str(run),
+                 "--no-progress", "--no-tensorboard"]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["init_from"] == saved["init_replay"] == str(source)
+    with open(run / "progress.csv") as f:
+        assert float(list(csv.DictReader(f))[0]["learner/updates"]) > 0
+    for path in source.rglob("*"):  # a resume restores the run's own replay, and never reads the source again
+        if path.is_file():
+            path.unlink()
+    assert main(["train", "--resume", str(run), "--total-steps", "512", "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("source_settings, argv, message", [
+    ({"save_replay": False}, ["dqn"], "holds no replay buffer: its run did not set --save-replay"),
+    ({}, ["dqn", "--gamma", "0.9"], "(gamma 0.99 there, 0.9 here): start from it with its values (--set gamma=0.99)"),
+    ({}, ["sac", "--n-step", "3"], "(n_step 1 there, 3 here)"),
+    ({}, ["dqn", "--env", "Acrobot-v1"], "does not fit Acrobot-v1"),
+])
+def test_a_replay_this_run_cannot_start_from_is_refused_in_one_line_and_leaves_no_run(tmp_path, capsys,
+                                                                                      source_settings, argv, message):
+    source = trained(tmp_path, "dqn", "CartPole-v1", 256, **{**OFF, "save_replay": True, **source_settings})
+    run = tmp_path / "run"
+    assert main(["train", *argv, "--init-replay", str(source), "--run-dir", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not run.exists()
+
+
+def test_an_on_policy_checkpoint_holds_no_replay_to_start_from(tmp_path):
+    source = trained(tmp_path, "ppo", "CartPole-v1", 256)
+    with pytest.raises(shoal.ShoalError, match="is a checkpoint of ppo, which keeps no replay buffer"):
+        shoal.make(shoal.make_config("dqn", "CartPole-v1", init_replay=str(source), **QUICK, **OFF))

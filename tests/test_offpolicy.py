@@ -724,3 +724,45 @@ def test_reward_scale_multiplies_the_rewards_each_batch_trains_on_while_replay_a
 def test_off_policy_normalize_obs_is_refused_for_images_in_one_line():
     with pytest.raises(shoal.ShoalError, match="^--normalize-obs is for vector observations"):
         shoal.make(SACConfig(env="PixelReach-v0", normalize_obs=True, progress=False, tensorboard=False))
+
+
+def test_resume_with_another_replay_size_loads_the_saved_transitions_newest_kept(tmp_path, caplog):
+    config = DQNConfig(env="CartPole-v1", hidden_sizes=(16,), batch_size=32, learning_starts=64, rollout_steps=8,
+                       num_envs_per_runner=2, buffer_size=256, save_replay=True, total_steps=10_000, torch_threads=1,
+                       progress=False, tensorboard=False, eval_interval=0)
+    with shoal.make(config) as algo:
+        for _ in range(20):  # 320 transitions in a ring of 256: it wrapped
+            algo.train()
+        saved = algo.backend.get(algo.learner.call("get_state"))["replay"][0]
+        algo.save(tmp_path / "ck")
+    oldest_first = saved["obs"][np.r_[saved["pos"]:256, 0:saved["pos"]]]
+    with shoal.load(tmp_path / "ck", buffer_size=128) as algo:
+        buf = algo.learner.obj.replay.shards[0].obj
+        assert "resuming with buffer_size 128 where the checkpoint's replay had buffer_size 256" in caplog.text
+        np.testing.assert_array_equal(buf.obs[np.r_[buf.pos:128, 0:buf.pos]], oldest_first[-128:])
+        algo.train()
+    with shoal.load(tmp_path / "ck", buffer_size=512) as algo:  # room for them all, then for new ones
+        buf = algo.learner.obj.replay.shards[0].obj
+        np.testing.assert_array_equal(buf.obs[:256], oldest_first)
+        for _ in range(4):
+            metrics = algo.train()
+        assert len(buf) == 256 + 64 and metrics["learner/updates_this_call"] > 0
+        assert (buf.rewards[:len(buf)] == 1).all()  # CartPole's rewards in every slot sampled: none left empty
+    with pytest.raises(shoal.ShoalError, match=r"\(gamma 0.99 there, 0.9 here\): resume with its values "
+                                               r"\(--set gamma=0.99\)"):
+        shoal.load(tmp_path / "ck", gamma=0.9)
+
+
+def test_resume_with_another_number_of_replay_shards_keeps_every_transition(tmp_path):
+    config = DQNConfig(env="CartPole-v1", apex=True, num_env_runners=2, num_replay_shards=2, learning_starts=64,
+                       batch_size=32, rollout_steps=16, hidden_sizes=(16,), save_replay=True, torch_threads=1,
+                       progress=False, tensorboard=False)
+    with shoal.make(config) as algo:
+        for _ in range(4):
+            algo.train()
+        held = sum(s.obj.stored() for s in algo.learner.obj.replay.shards)
+        algo.save(tmp_path / "ck")
+    with shoal.load(tmp_path / "ck", num_env_runners=3, num_replay_shards=3) as algo:
+        stored = [s.obj.stored() for s in algo.learner.obj.replay.shards]
+        assert sum(stored) == held and max(stored) - min(stored) <= 1, stored
+        algo.train()

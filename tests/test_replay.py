@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.replay import CompressedRows, RateLimiter, ReplayBuffer, SumTree
+from shoal.backends import LocalHandle
+from shoal.replay import CompressedRows, RateLimiter, ReplayBuffer, ShardedReplay, SumTree
 from shoal.runner import Rollout
 
 
@@ -255,3 +256,87 @@ def test_replay_state_restores_into_a_buffer_with_the_other_compression_setting(
         twin = filled(saved_compressed, prioritized=True)
         twin.set_state(state)
         assert_same_batches(twin, copy, prioritized=True)
+
+
+def numbered(capacity, count, prioritized=False, compress=False, seed=0):
+    """A buffer that was given transitions 0..count-1 (obs [i], reward i, priority i + 1), one at a
+    time: a ring of ``capacity`` that wrapped where count exceeds it."""
+    buf = ReplayBuffer(capacity, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=prioritized, alpha=0.5,
+                       priority_eps=0.0, seed=seed, compress=compress)
+    for i in range(count):
+        buf.add(np.array([[i]], np.float32), np.array([i % 2]), np.array([i], np.float32),
+                np.array([[i + 1]], np.float32), np.array([0.9], np.float32), priorities=np.array([i + 1.0]))
+    return buf
+
+
+def contents(buf):
+    """The transitions a buffer holds, oldest first, by their number."""
+    order = np.r_[buf.pos:len(buf), 0:buf.pos]
+    return [float(r) for r in buf.rewards[order]]
+
+
+@pytest.mark.parametrize("capacity, expect", [(5, list(range(8, 13))), (16, list(range(5, 13)))])
+def test_a_saved_replay_loads_into_another_capacity_newest_kept_and_in_order(capacity, expect):
+    source = numbered(8, 13)  # wrapped: holds 5..12, its oldest at pos 5
+    copy = ReplayBuffer(capacity, (1,), np.float32, (), np.int64, gamma=0.9)
+    shards = ShardedReplay([LocalHandle(copy)])
+    assert shards.load([source.get_state()], alpha=0.6) == len(expect)
+    assert contents(copy) == expect
+    np.testing.assert_array_equal(copy.next_obs[:len(copy), 0], copy.obs[:len(copy), 0] + 1)  # rows whole
+    for i in range(13, 15):  # new transitions follow the loaded ones; none of the slots read is empty
+        copy.add(np.array([[i]], np.float32), np.array([0]), np.array([i], np.float32),
+                 np.array([[i + 1]], np.float32), np.array([0.9], np.float32))
+    assert contents(copy) == (expect + [13, 14])[-capacity:]
+    assert set(copy.sample(64).rewards.tolist()) <= set(expect + [13, 14])
+
+
+def test_loaded_transitions_keep_their_priorities_and_a_uniform_replays_get_the_highest():
+    source = numbered(8, 8, prioritized=True)
+    copy = ReplayBuffer(8, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0, priority_eps=0.0)
+    ShardedReplay([LocalHandle(copy)]).load([source.get_state()], alpha=0.6)  # the state names its own alpha, 0.5
+    np.testing.assert_allclose(copy.tree.get(np.arange(8)), np.arange(8) + 1.0)  # priorities i + 1, at alpha 1
+    rewards = copy.sample(20_000).rewards.numpy()
+    np.testing.assert_allclose(np.bincount(rewards.astype(int), minlength=8) / 20_000, (np.arange(8) + 1) / 36,
+                               atol=0.015)
+    uniform = ReplayBuffer(8, (1,), np.float32, (), np.int64, gamma=0.9, prioritized=True, alpha=1.0)
+    uniform.update_priorities(np.array([0]), np.array([7.0]))  # the highest seen so far: 7
+    ShardedReplay([LocalHandle(uniform)]).load([numbered(8, 4).get_state()], alpha=0.6)
+    np.testing.assert_allclose(uniform.tree.get(np.arange(4)), 7.0, rtol=1e-5)
+
+
+def test_a_sharded_replay_loads_into_another_number_of_shards_dealt_in_age_order():
+    two = [numbered(4, 6), numbered(4, 3)]  # shard 0 holds 2..5 (wrapped), shard 1 holds 0..2
+    for r in two[1:]:
+        r.rewards[:3] += 100  # tell the shards apart: 100..102
+    three = [ReplayBuffer(8, (1,), np.float32, (), np.int64, gamma=0.9) for _ in range(3)]
+    assert ShardedReplay([LocalHandle(b) for b in three]).load([b.get_state() for b in two], alpha=0.6) == 7
+    held = [contents(b) for b in three]
+    assert sorted(sum(held, [])) == [2, 3, 4, 5, 100, 101, 102]
+    for shard in held:  # each shard's rows stay in the order they were written
+        assert [r for r in shard if r < 100] == sorted(r for r in shard if r < 100)
+        assert [r for r in shard if r >= 100] == sorted(r for r in shard if r >= 100)
+    one = ReplayBuffer(3, (1,), np.float32, (), np.int64, gamma=0.9)
+    ShardedReplay([LocalHandle(one)]).load([b.get_state() for b in two], alpha=0.6)
+    assert contents(one) == [4, 5, 102]  # the newest, by age within their shards (2 3 4 5 | 100 101 102)
+
+
+@pytest.mark.parametrize("saved_compressed, compress", [(True, False), (False, True), (True, True)])
+def test_loaded_observations_convert_between_compression_settings(saved_compressed, compress):
+    source = filled(saved_compressed, prioritized=False)
+    copy = ReplayBuffer(100, (4, 42, 42), np.uint8, (), np.int64, gamma=0.9, compress=compress)
+    assert ShardedReplay([LocalHandle(copy)]).load([source.get_state()], alpha=0.6) == 64
+    order = np.r_[source.pos:64, 0:source.pos]
+    np.testing.assert_array_equal(copy.obs[np.arange(64)], source.obs[order])
+    np.testing.assert_array_equal(copy.next_obs[np.arange(64)], source.next_obs[order])
+
+
+def test_the_rate_limiter_counts_loaded_transitions_as_a_filled_buffer_not_as_owed_updates():
+    copy = ReplayBuffer(64, (1,), np.float32, (), np.int64, gamma=0.9, samples_per_insert=4, min_size_to_sample=10,
+                        error_buffer=4)
+    ShardedReplay([LocalHandle(copy)]).load([numbered(64, 40).get_state()], alpha=0.6)
+    assert not copy.limiter.filling()
+    assert copy.can_sample(4) and not copy.can_sample(5)  # the error buffer's worth, not 40 x 4 samples
+    few = ReplayBuffer(64, (1,), np.float32, (), np.int64, gamma=0.9, samples_per_insert=4, min_size_to_sample=10,
+                       error_buffer=4)
+    ShardedReplay([LocalHandle(few)]).load([numbered(64, 6).get_state()], alpha=0.6)
+    assert few.limiter.filling() and few.limiter.inserts == 6  # 4 new transitions to go

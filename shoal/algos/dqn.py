@@ -313,7 +313,7 @@ class DQNLearner(OffPolicyLearner):
     def set_exploration(self, env_steps: int) -> None:
         super().set_exploration(env_steps)
         c = self.config
-        self.policy.epsilon.fill_(1.0 if env_steps < c.learning_starts else 0.0 if c.noisy else c.epsilon(env_steps))
+        self.policy.epsilon.fill_(1.0 if self.warming_up(env_steps) else 0.0 if c.noisy else c.epsilon(env_steps))
 
     def noise(self) -> contextlib.ExitStack:
         """Noise in the online and the target network for the update in the block: a draw for each
