@@ -543,6 +543,7 @@ class Algorithm:
         if before == (c.buffer_size, c.num_replay_shards):
             return
         held = sum(shard["size"] for shard in replay)
+
         def sizes(buffer_size: int, shards: int) -> str:
             return f"buffer_size {buffer_size:,}" + (f" in {shards} shards" if shards > 1 else "")
 

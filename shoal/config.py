@@ -122,8 +122,8 @@ class Config:
     """Start the networks from this run directory's newest checkpoint (or this checkpoint), of the
     same algorithm, with these settings (rl-zoo's --trained-agent, SB3's load then learn): its
     policy and the algorithm's other networks (critics, targets, SAC's temperature); optimisers,
-    counters and the replay buffer start afresh (--init-replay fills it). The env may differ where its spaces are the
-    checkpoint's; the settings that shape the network must be its own."""
+    counters and the replay buffer start afresh (--init-replay fills it). The env may differ where
+    its spaces are the checkpoint's; the settings that shape the network must be its own."""
     video_interval: int = 0
     """Record one episode of the current policy, as its evaluations play it (their first
     episode's seed, deterministic or not, eval_max_steps), to RUN_DIR/videos/step_N.mp4 every this

@@ -268,25 +268,20 @@ def saved_transitions(states: list[dict[str, Any]], alpha: float) -> dict[str, A
     order, ages = [], []
     for s in states:
         n, pos = s["size"], s["pos"]
-        rows = np.r_[pos:n, 0:pos]  # a ring buffer: from its oldest row (at pos, once it wrapped)
-        order.append(rows)
+        order.append(np.r_[pos:n, 0:pos])  # a ring buffer: from its oldest row (at pos, once it wrapped)
         ages.append((np.arange(n) + 1) / max(n, 1))
-    which = np.concatenate([np.full(len(o), i) for i, o in enumerate(order)]).astype(np.int64)
+    shard = np.concatenate([np.full(len(o), i) for i, o in enumerate(order)]).astype(np.int64)
     merged = np.argsort(np.concatenate(ages), kind="stable")
-    which, rows = which[merged], np.concatenate(order).astype(np.int64)[merged]
-    out: dict[str, Any] = {}
-    for key in ("obs", "next_obs", "actions", "rewards", "discounts"):
-        columns = [s[key] for s in states]
-        if len(states) == 1:
-            out[key] = columns[0][rows]
-        else:
-            out[key] = np.concatenate(columns)[rows + np.cumsum([0] + [len(c) for c in columns])[:-1][which]]
+    offsets = np.cumsum([0] + [s["size"] for s in states])[:-1]  # of each shard's rows, its columns concatenated
+    rows = (np.concatenate(order).astype(np.int64) + offsets[shard])[merged]
+    def column(key: str) -> np.ndarray:  # one shard's as it is: a copy of a large replay less
+        return states[0][key] if len(states) == 1 else np.concatenate([s[key] for s in states])
+
+    out: dict[str, Any] = {key: column(key)[rows] for key in ("obs", "next_obs", "actions", "rewards", "discounts")}
+    out["priorities"] = None
     if all(s["tree"] is not None for s in states):
         leaves = [s["tree"][len(s["tree"]) // 2:][:s["size"]] ** (1.0 / s.get("alpha", alpha)) for s in states]
-        offsets = np.cumsum([0] + [len(p) for p in leaves])[:-1]
-        out["priorities"] = np.concatenate(leaves)[rows + offsets[which]]
-    else:
-        out["priorities"] = None
+        out["priorities"] = np.concatenate(leaves)[rows]
     return out
 
 
