@@ -127,11 +127,12 @@ def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
         if not e.code:
             raise
         message = _one_line(captured.getvalue(), prog)
-        if message.startswith("Unrecognized options: "):  # a peer's name for a setting: say shoal's
-            from shoal.config import peer_hint
+        if message.startswith("Unrecognized options: "):  # a peer's name, or another algorithm's setting: say so
+            from shoal.config import owners_hint, peer_hint
 
             hints = [hint for arg in argv if arg.startswith("--")
-                     if (hint := peer_hint(cls, arg.partition("=")[0], flags=True))]
+                     if (hint := peer_hint(cls, arg.partition("=")[0], flags=True)
+                         or owners_hint(cls, arg.partition("=")[0], flags=True))]
             if hints:
                 message = message.split(";")[0].removesuffix(f" (see {prog} --help)")
                 message = f"{message}; {'; '.join(dict.fromkeys(hints))} (see {prog} --help)"

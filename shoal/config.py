@@ -454,6 +454,23 @@ def peer_hint(cls: type, name: str, flags: bool = False) -> str | None:
     return f"{whose} {key}: shoal calls it {spell(ours)}" + re.sub(r"\{(\w+)\}", lambda m: spell(m[1]), note)
 
 
+def owners_hint(cls: type, name: str, flags: bool = False) -> str | None:
+    """Which other algorithms have the setting ``name`` that ``cls`` lacks: "--buffer-size is a
+    setting of dqn, ... and crossq, not of ppo". None where ``cls`` has it or none does."""
+    from shoal.algos import ALGOS
+
+    key = name.lstrip("-").replace("-", "_")
+    if key in field_names(cls):
+        return None
+    owners = sorted(n for n, spec in ALGOS.items() if key in field_names(spec.config_cls))
+    if not owners:
+        return None
+    mine = [n for n, spec in ALGOS.items() if spec.config_cls is cls]
+    listed = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+    return (f"{'--' + key.replace('_', '-') if flags else key} is a setting of {listed}"
+            + (f", not of {mine[0]}" if mine else ""))
+
+
 def field_names(cls: type) -> list[str]:
     """The config fields of a config class, in declaration order."""
     return [f.name for f in dataclasses.fields(cls)]
@@ -549,7 +566,7 @@ def merge(cls: type, base: dict[str, Any], updates: dict[str, Any], source: str)
         key = key.replace("-", "_")
         if key not in names:
             close = difflib.get_close_matches(key, names, n=3)
-            peer = peer_hint(cls, key)
+            peer = peer_hint(cls, key) or owners_hint(cls, key)
             hint = f" ({peer})" if peer else f" (did you mean {', '.join(close)}?)" if close else ""
             raise ConfigError(f"{source}: unknown setting {key!r}{hint}")
         try:

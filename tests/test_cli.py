@@ -924,6 +924,12 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "sac", "--ent-coef", "0.1"], "SB3's SAC ent_coef: shoal calls it --alpha (a fixed value; unset, it is "
                                             "tuned from --alpha-init"),
     (["train", "ppo", "--set", "clip_range=0.1"], "--set: unknown setting 'clip_range' (SB3's clip_range: shoal calls it clip)"),
+    # another algorithm's setting: which have it
+    (["train", "ppo", "--init-replay", "runs/x"], "Unrecognized options: --init-replay, runs/x; --init-replay is a "
+     "setting of crossq, ddpg, dqn, qrdqn, sac, td3 and tqc, not of ppo (see shoal train ppo --help)"),
+    (["train", "dqn", "--vtrace-rho-bar", "1"], "--vtrace-rho-bar is a setting of appo and impala, not of dqn (see"),
+    (["train", "ppo", "--set", "buffer_size=100"], "--set: unknown setting 'buffer_size' (buffer_size is a setting of "
+                                                   "crossq, ddpg, dqn, qrdqn, sac, td3 and tqc, not of ppo)"),
     (["train", "sac", "--q-lr", "1e-3"], "CleanRL's q_lr: shoal calls it --critic-lr (see shoal train sac"),
     (["train", "ppo", "--anneal-lr", "--num-minibatches", "4"], "CleanRL's anneal_lr: shoal calls it --lr-schedule "
      "linear; CleanRL's num_minibatches: shoal calls it --minibatch-size, in transitions (--rollout-steps x "),
