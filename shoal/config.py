@@ -455,20 +455,18 @@ def peer_hint(cls: type, name: str, flags: bool = False) -> str | None:
 
 
 def owners_hint(cls: type, name: str, flags: bool = False) -> str | None:
-    """Which other algorithms have the setting ``name`` that ``cls`` lacks: "--buffer-size is a
-    setting of dqn, ... and crossq, not of ppo". None where ``cls`` has it or none does."""
+    """Which other algorithms have the setting ``name`` that the algorithm config ``cls`` lacks:
+    "--buffer-size is a setting of crossq, ... and tqc, not of ppo". None where ``cls`` has it,
+    no algorithm does, or ``cls`` is not an algorithm's config (a command's arguments)."""
     from shoal.algos import ALGOS
 
     key = name.lstrip("-").replace("-", "_")
-    if key in field_names(cls):
-        return None
-    owners = sorted(n for n, spec in ALGOS.items() if key in field_names(spec.config_cls))
-    if not owners:
-        return None
     mine = [n for n, spec in ALGOS.items() if spec.config_cls is cls]
+    owners = sorted(n for n, spec in ALGOS.items() if key in field_names(spec.config_cls))
+    if not mine or not owners or key in field_names(cls):
+        return None
     listed = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
-    return (f"{'--' + key.replace('_', '-') if flags else key} is a setting of {listed}"
-            + (f", not of {mine[0]}" if mine else ""))
+    return f"{'--' + key.replace('_', '-') if flags else key} is a setting of {listed}, not of {mine[0]}"
 
 
 def field_names(cls: type) -> list[str]:

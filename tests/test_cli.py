@@ -930,6 +930,7 @@ def test_a_resume_whose_settings_reshape_the_network_is_refused_and_leaves_the_r
     (["train", "dqn", "--vtrace-rho-bar", "1"], "--vtrace-rho-bar is a setting of appo and impala, not of dqn (see"),
     (["train", "ppo", "--set", "buffer_size=100"], "--set: unknown setting 'buffer_size' (buffer_size is a setting of "
                                                    "crossq, ddpg, dqn, qrdqn, sac, td3 and tqc, not of ppo)"),
+    (["eval", ".", "--lr", "1e-3"], "Unrecognized options: --lr, 1e-3 (see shoal eval --help)"),  # not a setting here
     (["train", "sac", "--q-lr", "1e-3"], "CleanRL's q_lr: shoal calls it --critic-lr (see shoal train sac"),
     (["train", "ppo", "--anneal-lr", "--num-minibatches", "4"], "CleanRL's anneal_lr: shoal calls it --lr-schedule "
      "linear; CleanRL's num_minibatches: shoal calls it --minibatch-size, in transitions (--rollout-steps x "),
