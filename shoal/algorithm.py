@@ -431,8 +431,9 @@ class Algorithm:
         self._check_spaces(path)
         state = ckpt.read_state(path)
         if state["learner"].get("replay") is not None:
-            self._check_replay_fits(path, "resume")
-            self._prepare_saved_replay(path, state["learner"]["replay"])
+            saved = ckpt.read_policy(path)["config"]
+            self._check_replay_fits(saved, path, "resume")
+            self._prepare_saved_replay(saved, state["learner"]["replay"])
         self.backend.get(self.learner.call("set_state", state["learner"]))
         self.replay_loaded = state["learner"].get("replay_loaded", 0)
         if "replay" in state["learner"] and state["learner"]["replay"] is None:
@@ -506,7 +507,7 @@ class Algorithm:
         if "save_replay" not in saved:
             raise ShoalError(f"--init-replay: {path} is a checkpoint of {ckpt.read_meta(path)['algo']}, which keeps "
                              "no replay buffer")
-        self._check_replay_fits(path, "start from it", "--init-replay: ")
+        self._check_replay_fits(saved, path, "start from it", "--init-replay: ")
         replay = ckpt.read_state(path)["learner"].get("replay")
         if replay is None:
             raise ShoalError(f"--init-replay: {path} holds no replay buffer: its run did not set --save-replay "
@@ -515,11 +516,10 @@ class Algorithm:
         self.replay_loaded += loaded
         return loaded
 
-    def _check_replay_fits(self, path: Path, doing: str, prefix: str = "") -> None:
-        """Refuse a saved replay whose transitions these settings would read otherwise: its n-step
-        returns and discounts were summed with its run's gamma and n_step, and its rewards clipped
-        (or not) as that run's clip_rewards said."""
-        saved = ckpt.read_policy(path)["config"]
+    def _check_replay_fits(self, saved: dict[str, Any], path: Path, doing: str, prefix: str = "") -> None:
+        """Refuse a replay saved at ``path`` by a run of config ``saved`` whose transitions these
+        settings would read otherwise: its n-step returns and discounts were summed with that
+        run's gamma and n_step, and its rewards clipped (or not) as its clip_rewards said."""
         changed = {key: saved.get(key, default) for key, default in (("gamma", 0.99), ("n_step", 1),
                                                                       ("clip_rewards", False))
                    if saved.get(key, default) != getattr(self.config, key)}
@@ -530,17 +530,20 @@ class Algorithm:
             raise ShoalError(f"{prefix}the replay saved in {path} holds returns these settings would read otherwise "
                              f"({differ}): {doing} with its values ({sets})")
 
-    def _prepare_saved_replay(self, path: Path, replay: list[dict[str, Any]]) -> None:
-        """Mark each saved shard with its capacity (the learner restores a replay exactly where
-        they are its own), and warn where a resume with another --buffer-size or
-        --num-replay-shards loads the saved transitions into the new replay instead."""
+    def _prepare_saved_replay(self, saved: dict[str, Any], replay: list[dict[str, Any]]) -> None:
+        """Mark each shard of a replay saved by a run of config ``saved`` with its capacity (the
+        learner restores a replay exactly where they are its own), and warn where a resume with
+        another --buffer-size or --num-replay-shards loads the saved transitions into the new
+        replay instead."""
         import logging
 
-        saved, c = ckpt.read_policy(path)["config"], self.config
+        from shoal.offpolicy import replay_fits
+
+        c = self.config
         before = (saved["buffer_size"], saved.get("num_replay_shards", 1))
         for shard in replay:  # checkpoints written before shards recorded their capacity
             shard.setdefault("capacity", before[0] // len(replay))
-        if before == (c.buffer_size, c.num_replay_shards):
+        if replay_fits(replay, c):
             return
         held = sum(shard["size"] for shard in replay)
 

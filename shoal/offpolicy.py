@@ -355,6 +355,13 @@ def min_size_to_sample(config: OffPolicyConfig, shards: int = 1) -> int:
     return max(config.learning_starts // shards, config.batch_size)
 
 
+def replay_fits(states: list[dict[str, Any]], config: OffPolicyConfig) -> bool:
+    """Whether a saved replay (each shard's state, its capacity recorded) has the shards these
+    settings make, so that it restores exactly; else its transitions are loaded into them."""
+    shards = config.num_replay_shards
+    return len(states) == shards and all(s.get("capacity") == config.buffer_size // shards for s in states)
+
+
 def replay_args(config: OffPolicyConfig, obs_space: gym.Space, action_space: gym.Space,
                 shards: int = 1) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Arguments of one ReplayBuffer shard (capacity split between shards)."""
@@ -524,9 +531,8 @@ class OffPolicyLearner(Learner):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.updates, self.replay_loaded = state["updates"], state.get("replay_loaded", 0)
-        saved, shards = state.get("replay"), self.config.num_replay_shards
-        if saved is not None and len(saved) == shards and all(
-                s.get("capacity") == self.config.buffer_size // shards for s in saved):
+        saved = state.get("replay")
+        if saved is not None and replay_fits(saved, self.config):
             self.replay.set_state(saved)
         else:  # learning waits for the buffer to refill: with the transitions saved, if any
             self.replay.forget_counts()

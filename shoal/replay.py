@@ -250,14 +250,15 @@ def _saved(column: np.ndarray | CompressedRows, n: int) -> np.ndarray:
     return column.rows[:n].copy() if isinstance(column, CompressedRows) else column[:n].copy()
 
 
-def _put(column: np.ndarray | CompressedRows, idx: np.ndarray, saved: np.ndarray) -> None:
-    """Put :func:`_saved` rows in slots ``idx``, compressing or decompressing them where the
-    checkpoint was written with the other setting of ``compress_observations``."""
+def _storable(column: np.ndarray | CompressedRows, saved: np.ndarray) -> np.ndarray:
+    """:func:`_saved` rows as ``column`` takes them: decompressed for a NumPy column where the
+    checkpoint was written with ``compress_observations`` (a CompressedRows column takes
+    compressed rows as they are, and compresses arrays)."""
     if saved.dtype == object and not isinstance(column, CompressedRows):
         holder = CompressedRows(len(saved), column.shape[1:], column.dtype)
         holder.rows[:] = saved
-        saved = holder[np.arange(len(saved))]
-    column[idx] = saved  # a CompressedRows column takes compressed rows as they are, and compresses arrays
+        return holder[np.arange(len(saved))]
+    return saved
 
 
 def saved_transitions(states: list[dict[str, Any]], alpha: float) -> dict[str, Any]:
@@ -287,7 +288,7 @@ def saved_transitions(states: list[dict[str, Any]], alpha: float) -> dict[str, A
 
 def _restore(column: np.ndarray | CompressedRows, n: int, saved: np.ndarray) -> None:
     """Put :func:`_saved` rows back in the first ``n`` slots."""
-    _put(column, np.arange(n), saved)
+    column[np.arange(n)] = _storable(column, saved)
 
 
 class ReplayBuffer:
@@ -454,23 +455,11 @@ class ReplayBuffer:
         prioritised; the rate limiter counts them as inserted up to the size learners start
         sampling at, and no sample drawn yet: updates then follow new env steps, as configured,
         not the loaded count."""
-        n = len(t["rewards"])
-        take = np.arange(max(0, n - self.capacity), n)
-        k = len(take)
-        idx = (self.pos + np.arange(k)) % self.capacity
-        _put(self.obs, idx, t["obs"][take])
-        _put(self.next_obs, idx, t["next_obs"][take])
-        self.actions[idx], self.rewards[idx], self.discounts[idx] = (t[key][take] for key in ("actions", "rewards",
-                                                                                              "discounts"))
-        if self.tree is not None and k:
-            if t["priorities"] is None:  # from a uniform replay: each is replayed at least once
-                self.tree.update(idx, np.full(k, self.max_priority**self.alpha))
-            else:
-                p = t["priorities"][take]
-                self.max_priority = max(self.max_priority, float(p.max()))
-                self.tree.update(idx, p**self.alpha)
-        self.pos = int((self.pos + k) % self.capacity)
-        self.size = min(self.capacity, self.size + k)
+        take = slice(max(0, len(t["rewards"]) - self.capacity), None)
+        p = t["priorities"]  # |TD| + eps, as add gives them (None: the highest priority, as add gives it)
+        k = self.add(_storable(self.obs, t["obs"][take]), t["actions"][take], t["rewards"][take],
+                     _storable(self.next_obs, t["next_obs"][take]), t["discounts"][take],
+                     None if p is None else p[take] - self.priority_eps, counted=False)
         self.limiter.inserts, self.limiter.samples = min(self.size, self.limiter.min_size), 0
         return k
 
