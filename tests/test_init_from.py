@@ -102,6 +102,7 @@ def test_fine_tuning_a_solved_policy_goes_on_from_its_return_and_resumes_without
 def test_a_checkpoint_these_settings_cannot_start_from_is_refused_in_one_line_and_leaves_no_run(tmp_path, capsys,
                                                                                                  argv, message):
     source = trained(tmp_path, "ppo", "CartPole-v1", 256)
+    capsys.readouterr()  # the source's own output (a busy machine's note on waiting threads, say)
     run = tmp_path / "run"
     assert main(["train", *argv, "--init-from", str(source), "--run-dir", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -179,6 +180,7 @@ def test_init_from_and_init_replay_of_one_run_go_on_from_its_networks_and_experi
 def test_a_replay_this_run_cannot_start_from_is_refused_in_one_line_and_leaves_no_run(tmp_path, capsys,
                                                                                       source_settings, argv, message):
     source = trained(tmp_path, "dqn", "CartPole-v1", 256, **{**OFF, "save_replay": True, **source_settings})
+    capsys.readouterr()  # the source's own output (a busy machine's note on waiting threads, say)
     run = tmp_path / "run"
     assert main(["train", *argv, "--init-replay", str(source), "--run-dir", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
