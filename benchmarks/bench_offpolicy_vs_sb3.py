@@ -25,8 +25,12 @@ same for both: every --eval-every steps, 10 deterministic episodes on a 10-env v
 runs from building the algorithm to the end of the evaluation that reaches the target (shoal:
 `time/wall_s` in eval.csv; SB3: until `learn` returns).
 
+With ``--device cuda``, both sides' networks are on the GPU, and the race is the algorithm's own
+(no DQN); ``--cuda-graph`` (sac, tqc) adds shoal with its update replayed from a CUDA graph to the
+updates/s figure, each pair's third process, and runs shoal's race with it.
+
     .venv/bin/python benchmarks/bench_offpolicy_vs_sb3.py [--seeds 0] [--threads 2] [--pairs 5] [--only-updates]
-        [--hidden-sizes 256 256] [--algo sac|crossq|tqc|qrdqn]
+        [--hidden-sizes 256 256] [--algo sac|crossq|tqc|qrdqn] [--device cuda [--cuda-graph]]
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from common import isolated, machine, median, save, sb3_time_to, shoal_time_to
 
 
 def shoal_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100,
-                        n: int = 300) -> float:
+                        n: int = 300, device: str = "cpu", cuda_graph: bool = False) -> float:
     from shoal.algos import get
     from shoal.envs import env_spaces
     from shoal.runner import EnvRunner
@@ -58,22 +62,36 @@ def shoal_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256,
     env, batch = probe(algo)
     widths = ({"critic_hidden_sizes": tuple(hidden), "policy_delay": 3} if algo == "crossq" else
               {"n_quantiles": 10} if algo == "qrdqn" else {})
+    if cuda_graph:
+        widths["cuda_graph"] = True
     config = get(algo).config_cls(env=env, torch_threads=threads, learning_starts=0, hidden_sizes=tuple(hidden),
-                                  **widths)
+                                  device=device, **widths)
     store = WeightStore()
     learner = get(algo).learner_cls(config, *env_spaces(env), store)
     learner.replay.add_rollout(EnvRunner(config, 0, store).sample(2000))  # random actions
+
+    def update() -> None:  # the batch's upload (none on the CPU) and the update, as the learner's loop does them
+        learner.update_batch(learner.replay.sample(batch, 0.4)[1].to(learner.device))
+        learner.updates += 1  # (CrossQ's actor waits its turn by this count)
+
     for _ in range(warmup):
-        learner.train_batch(learner.replay.sample(batch, 0.4)[1])
+        update()
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(n):
-        learner.train_batch(learner.replay.sample(batch, 0.4)[1])
-        learner.updates += 1  # (CrossQ's actor waits its turn by this count)
+        update()
+    synchronize(device)
     return n / (time.perf_counter() - start)
 
 
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queue (the time of updates queued there counts)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def sb3_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 256), warmup: int = 100,
-                      n: int = 300) -> float:
+                      n: int = 300, device: str = "cpu") -> float:
     from stable_baselines3 import SAC
 
     torch.set_num_threads(threads)
@@ -81,25 +99,27 @@ def sb3_updates_per_s(algo: str, threads: int, hidden: tuple[int, ...] = (256, 2
         from sb3_contrib import CrossQ
 
         model = CrossQ("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000,
-                       policy_delay=3, device="cpu", policy_kwargs={"net_arch": list(hidden)})
+                       policy_delay=3, device=device, policy_kwargs={"net_arch": list(hidden)})
     elif algo == "tqc":
         from sb3_contrib import TQC
 
-        model = TQC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
-                    policy_kwargs={"net_arch": list(hidden)})
+        model = TQC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000,
+                    device=device, policy_kwargs={"net_arch": list(hidden)})
     elif algo == "qrdqn":
         from sb3_contrib import QRDQN
 
         model = QRDQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, learning_starts=2000,
-                      device="cpu", policy_kwargs={"net_arch": list(hidden), "n_quantiles": 10})
+                      device=device, policy_kwargs={"net_arch": list(hidden), "n_quantiles": 10})
     else:
-        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000, device="cpu",
-                    policy_kwargs={"net_arch": list(hidden)})
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, learning_starts=2000,
+                    device=device, policy_kwargs={"net_arch": list(hidden)})
     model.learn(2000)  # fills the buffer with random actions, without training (learning_starts)
     batch = probe(algo)[1]
     model.train(gradient_steps=warmup, batch_size=batch)
+    synchronize(device)
     start = time.perf_counter()
     model.train(gradient_steps=n, batch_size=batch)
+    synchronize(device)
     return n / (time.perf_counter() - start)
 
 
@@ -110,15 +130,21 @@ def in_turn(i: int) -> tuple[str, str]:
     return ("shoal", "sb3") if i % 2 == 0 else ("sb3", "shoal")
 
 
-def updates_per_s(threads: int, pairs: int, hidden: tuple[int, ...] = (256, 256),
-                  algo: str = "sac") -> tuple[list[float], list[float]]:
-    """Each framework's updates/s in ``pairs`` fresh processes each, taken in turn."""
-    measure = {"shoal": shoal_updates_per_s, "sb3": sb3_updates_per_s}
-    got: dict[str, list[float]] = {"shoal": [], "sb3": []}
+def updates_per_s(threads: int, pairs: int, hidden: tuple[int, ...] = (256, 256), algo: str = "sac",
+                  device: str = "cpu", cuda_graph: bool = False) -> dict[str, list[float]]:
+    """Each framework's updates/s in ``pairs`` fresh processes each, taken in turn; with
+    ``cuda_graph``, shoal's with --cuda-graph too ("shoal_graph"), after shoal's."""
+    calls = {"shoal": (shoal_updates_per_s, algo, threads, tuple(hidden), 100, 300, device),
+             "sb3": (sb3_updates_per_s, algo, threads, tuple(hidden), 100, 300, device)}
+    got: dict[str, list[float]] = {name: [] for name in calls}
+    if cuda_graph:
+        got["shoal_graph"] = []
     for i in range(pairs):
         for name in in_turn(i):
-            got[name].append(isolated(measure[name], algo, threads, tuple(hidden)))
-    return got["shoal"], got["sb3"]
+            got[name].append(isolated(*calls[name]))
+            if name == "shoal" and cuda_graph:
+                got["shoal_graph"].append(isolated(*calls[name], True))
+    return got
 
 
 def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, threads: int,
@@ -131,7 +157,7 @@ def shoal_time(algo: str, env: str, target: float, seed: int, eval_every: int, t
 
 
 def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, budget: int,
-             threads: int) -> tuple[float, int]:
+             threads: int, device: str = "cpu") -> tuple[float, int]:
     from stable_baselines3 import DQN, SAC
 
     torch.set_num_threads(threads)
@@ -140,25 +166,25 @@ def sb3_time(algo: str, env_id: str, target: float, seed: int, eval_every: int, 
 
         def build():
             return CrossQ("MlpPolicy", env_id, policy_delay=2, policy_kwargs={"net_arch": [256, 256]}, seed=seed,
-                          device="cpu")
+                          device=device)
     elif algo == "tqc":  # rl-zoo's Pendulum-v1 TQC
         from sb3_contrib import TQC
 
-        build = lambda: TQC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
+        build = lambda: TQC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device=device)  # noqa: E731
     elif algo == "qrdqn":  # rl-zoo's CartPole-v1 QR-DQN
         from sb3_contrib import QRDQN
 
         build = lambda: QRDQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64,  # noqa: E731
                               buffer_size=100_000, learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
                               gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
-                              policy_kwargs={"net_arch": [256, 256], "n_quantiles": 10}, seed=seed, device="cpu")
+                              policy_kwargs={"net_arch": [256, 256], "n_quantiles": 10}, seed=seed, device=device)
     elif algo == "sac":
-        build = lambda: SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device="cpu")  # noqa: E731
+        build = lambda: SAC("MlpPolicy", env_id, learning_rate=1e-3, seed=seed, device=device)  # noqa: E731
     else:  # rl-zoo's CartPole-v1 DQN
         build = lambda: DQN("MlpPolicy", env_id, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,  # noqa: E731
                             learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
                             gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
-                            policy_kwargs={"net_arch": [256, 256]}, seed=seed, device="cpu")
+                            policy_kwargs={"net_arch": [256, 256]}, seed=seed, device=device)
     return sb3_time_to(build, env_id, target, seed, eval_every, budget)[:2]
 
 
@@ -172,35 +198,45 @@ def main() -> None:
                         help="both sides' hidden layers for updates/s (SB3's default: 256 256)")
     parser.add_argument("--algo", choices=list(NAMES), default="sac",
                         help="crossq, tqc: against sb3-contrib's CrossQ, TQC")
+    parser.add_argument("--device", default="cpu",
+                        help="both sides' networks on this device (cuda: the GPU's figures; DQN's race is left out)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --device cuda, sac or tqc: shoal's --cuda-graph too, beside shoal without it")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result: dict = {"threads": args.threads, "hidden_sizes": args.hidden_sizes}
-    print(f"machine: {machine()}; torch threads: {args.threads}")
-    ours_all, theirs_all = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes), args.algo)
-    ours, theirs = float(np.median(ours_all)), float(np.median(theirs_all))
-    pair_ratios = [a / b for a, b in zip(ours_all, theirs_all)]
+    result: dict = {"threads": args.threads, "hidden_sizes": args.hidden_sizes, "device": args.device}
+    print(f"machine: {machine()}; torch threads: {args.threads}; device: {args.device}")
+    got = updates_per_s(args.threads, args.pairs, tuple(args.hidden_sizes), args.algo, args.device, args.cuda_graph)
     size = "x".join(map(str, args.hidden_sizes))
     name, suffix = NAMES[args.algo], "" if args.algo == "sac" else f"_{args.algo}"
-    print(f"{name} updates/s ({size}, batch {probe(args.algo)[1]}; median of {args.pairs} alternating processes "
-          f"each): shoal {ours:.0f}, "
-          f"SB3 {theirs:.0f}; ratio {ours / theirs:.2f} ({'target >= 2' if args.algo == 'sac' else 'no target'}); "
-          f"pairs' ratios "
-          f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
-    result[f"{args.algo}_updates_per_s"] = {"shoal": ours, "sb3": theirs, "ratio": ours / theirs,
-                                   "shoal_runs": ours_all, "sb3_runs": theirs_all}
+    suffix += "" if args.device == "cpu" else "_" + args.device.replace(":", "")
+    theirs = float(np.median(got["sb3"]))
+    for side in [k for k in got if k != "sb3"]:
+        ours = float(np.median(got[side]))
+        pair_ratios = [a / b for a, b in zip(got[side], got["sb3"])]
+        label = "shoal --cuda-graph" if side == "shoal_graph" else "shoal"
+        print(f"{name} updates/s ({size}, batch {probe(args.algo)[1]}; median of {args.pairs} alternating processes "
+              f"each): {label} {ours:.0f}, SB3 {theirs:.0f}; ratio {ours / theirs:.2f} "
+              f"({'target >= 2' if args.algo == 'sac' else 'no target'}); pairs' ratios "
+              f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}")
+        result[f"{args.algo}_updates_per_s" + ("_graph" if side == "shoal_graph" else "")] = {
+            "shoal": ours, "sb3": theirs, "ratio": ours / theirs, "shoal_runs": got[side], "sb3_runs": got["sb3"]}
     if args.only_updates:
         prefix = "offpolicy_updates" + suffix
         save(prefix if args.hidden_sizes == [256, 256] else f"{prefix}_{size}", result)
         return
     races = ((("qrdqn", "CartPole-v1", 475.0, 2048, 100_000),) if args.algo == "qrdqn" else
-             ((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo != "sac" else
+             ((args.algo, "Pendulum-v1", -200.0, 2000, 20_000),) if args.algo != "sac" or args.device != "cpu" else
              (("sac", "Pendulum-v1", -200.0, 2000, 20_000), ("dqn", "CartPole-v1", 475.0, 2048, 100_000)))
+    on_device = {} if args.device == "cpu" else {"device": args.device}
+    if args.cuda_graph:
+        on_device["cuda_graph"] = True
     for algo, env, target, every, budget in races:
         same = {"double": False} if algo == "dqn" else {}  # SB3's DQN has no double Q-learning
         rows, double = [], []
         for i, seed in enumerate(args.seeds):
-            calls = {"shoal": (shoal_time, algo, env, target, seed, every, args.threads, same),
-                     "sb3": (sb3_time, algo, env, target, seed, every, budget, args.threads)}
+            calls = {"shoal": (shoal_time, algo, env, target, seed, every, args.threads, {**same, **on_device}),
+                     "sb3": (sb3_time, algo, env, target, seed, every, budget, args.threads, args.device)}
             got = {name: isolated(*calls[name]) for name in in_turn(i)}
             (s_t, s_n), (b_t, b_n) = got["shoal"], got["sb3"]
             rows.append((s_t, s_n, b_t, b_n))

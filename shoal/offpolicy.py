@@ -29,6 +29,7 @@ from shoal.replay import ReplayBuffer, ShardedReplay, Transitions
 from shoal.runner import Rollout
 
 if TYPE_CHECKING:
+    from shoal.cudagraph import GraphedUpdate
     from shoal.hindsight import Hindsight
 
 
@@ -429,10 +430,15 @@ class OffPolicyLearner(Learner):
         self.replay = ShardedReplay(replay_shards, prefetch=8 if config.apex else 1 if config.prioritized else 16)
         self.updates = 0
         self.replay_loaded = 0  # transitions --init-replay put in replay: they count towards learning_starts
+        self.graphed: GraphedUpdate | None = None  # train_batch replayed from a CUDA graph (SAC's --cuda-graph)
 
     def train_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
         """One gradient update; returns metrics and, for prioritised replay, new |TD errors| [N]."""
         raise NotImplementedError
+
+    def update_batch(self, batch: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
+        """:meth:`train_batch`, from its CUDA graph where the learner records one."""
+        return self.train_batch(batch) if self.graphed is None else self.graphed(batch)
 
     def set_exploration(self, env_steps: int) -> None:
         """Set the policy's exploration buffers for the coming rollouts."""
@@ -474,7 +480,7 @@ class OffPolicyLearner(Learner):
                 batch = batch._replace(obs=m.network_inputs(batch.obs), next_obs=m.network_inputs(batch.next_obs))
             if self.return_norm is not None or c.reward_scale != 1:  # replay holds raw rewards (n-step sums
                 batch = batch._replace(rewards=self.normalized_rewards(batch.rewards * c.reward_scale))  # of them)
-            metrics, td = self.train_batch(batch)
+            metrics, td = self.update_batch(batch)
             if td is not None:
                 self.replay.update_priorities(shard, batch.indices, td.cpu().numpy())
             self.updates += 1
@@ -539,6 +545,8 @@ class OffPolicyLearner(Learner):
             if saved is not None:  # from a replay of another size (--buffer-size, --num-replay-shards)
                 self.replay.load(saved, self.config.priority_alpha)
         super().set_state(state)  # the exploration buffers come back with the policy weights
+        if self.graphed is not None:  # Adam's state tensors were replaced: the graph is recorded again
+            self.graphed.reset()
 
 
 def target_copy(module: nn.Module) -> nn.Module:

@@ -146,6 +146,19 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
     assert code == 2 and "does not fit FrozenLake-v1: the env gives observations Box(0.0, 1.0, (64,), float32)" in err
 
 
+def test_cuda_graph_off_a_gpu_or_on_crossq_is_refused_in_one_line_before_a_run_directory(capsys, tmp_path):
+    for algo, device, message in (
+            ("sac", "cpu", "--cuda-graph records the learner's updates on a GPU: it takes --device cuda (this "
+                           "learner is on cpu)"),
+            ("tqc", "cpu", "it takes --device cuda"),
+            ("crossq", "cuda", "--cuda-graph records the updates of sac and tqc, not crossq's")):
+        run = tmp_path / algo
+        code, _, err = run_cli(capsys, "train", algo, "--env", "Pendulum-v1", "--cuda-graph", "--device", device,
+                               "--run-dir", str(run), "--no-progress")
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not run.exists()
+
+
 def test_spaces_shoal_cannot_train_on_are_refused_in_one_line_before_a_run_directory(capsys, tmp_path):
     class Spaces(gym.Env):
         def __init__(self, observation_space, action_space):

@@ -137,6 +137,9 @@ class CrossQConfig(SACConfig):
         _check(len(self.critic_hidden_sizes) >= 1 and min(self.critic_hidden_sizes) >= 1,
                "critic_hidden_sizes needs at least one positive width, e.g. --critic-hidden-sizes 256 256")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1 must be in [0, 1)")
+        _check(not self.cuda_graph, "--cuda-graph records the updates of sac and tqc, not crossq's: its actor "
+               "learns every policy_delay updates and Batch Renormalization counts its warm-up, which one graph "
+               "cannot replay")
         _check(0 < self.batch_norm_momentum <= 1, "batch_norm_momentum must be in (0, 1]")
         _check(self.batch_norm_eps > 0, "batch_norm_eps must be positive")
         _check(self.renorm_warmup_steps >= 0, "renorm_warmup_steps must be 0 or more")
