@@ -47,8 +47,8 @@ class GraphedUpdate:
     def __init__(self, step: Callable[[Transitions], tuple[dict[str, Tensor], Tensor | None]],
                  optimizers: Callable[[], list[torch.optim.Optimizer]], generator: torch.Generator,
                  warmup: int = 3):
-        self.step, self.optimizers, self.generator, self.warmup = step, optimizers, generator, warmup
-        self.eager_left = warmup
+        self.step, self.optimizers, self.generator = step, optimizers, generator
+        self.eager_left = warmup  # eager updates before the recording
         self.failed: str | None = None  # why recording failed, if it did: every update is eager then
         self.reset()
 
