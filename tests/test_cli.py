@@ -149,7 +149,7 @@ def test_env_kwargs_reach_the_runs_envs_evaluations_resume_and_eval(capsys, tmp_
 def test_cuda_graph_off_a_gpu_or_on_crossq_is_refused_in_one_line_before_a_run_directory(capsys, tmp_path):
     for algo, device, message in (
             ("sac", "cpu", "--cuda-graph records the learner's updates on a GPU: it takes --device cuda (this "
-                           "learner is on cpu)"),
+                           "learner is on cpu; --no-cuda-graph trains without it)"),
             ("tqc", "cpu", "it takes --device cuda"),
             ("crossq", "cuda", "--cuda-graph records the updates of sac and tqc, not crossq's")):
         run = tmp_path / algo
