@@ -44,11 +44,13 @@ def test_every_learner_trains_on_cuda_and_its_checkpoint_resumes_on_either_devic
             resumed.train()
 
 
-def syncs_in_an_iteration(config) -> collections.Counter:
+def syncs_in_an_iteration(config, ready=lambda algo, metrics: metrics.get("learner/updates", 1) != 0
+                          ) -> collections.Counter:
     """The places (file:line) in shoal of the operations that wait for the GPU in one iteration of
-    training once the updates have begun, each counted as often as it ran."""
+    training once ``ready(algo, an iteration's metrics)`` (by default: once replay has started the
+    updates), each counted as often as it ran."""
     with shoal.make(config) as algo:
-        while algo.train().get("learner/updates", 1) == 0:  # until replay starts the updates
+        while not ready(algo, algo.train()):
             pass
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
@@ -170,22 +172,9 @@ def test_sac_learns_pendulum_with_its_updates_replayed_from_a_cuda_graph(tmp_pat
 
 
 def test_a_graphed_learner_waits_for_the_gpu_no_more_often_with_more_updates():
-    syncs = {}
-    for n in (2, 6):
-        config = make_config("sac", "Pendulum-v1", device="cuda", cuda_graph=True, **QUIET,
-                             **{**OFF_POLICY, "updates_per_step": n})
-        with shoal.make(config) as algo:
-            while not algo.learner.obj.graphed.recorded:
-                algo.train()
-            torch.cuda.synchronize()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    algo.train()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-        syncs[n] = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught
-                                       if "synchroniz" in str(w.message) and w.filename.startswith(SHOAL))
+    syncs = {n: syncs_in_an_iteration(make_config("sac", "Pendulum-v1", device="cuda", cuda_graph=True, **QUIET,
+                                                  **{**OFF_POLICY, "updates_per_step": n}),
+                                      ready=lambda algo, _: algo.learner.obj.graphed.recorded)
+             for n in (2, 6)}
     print("graphed sac: " + "; ".join(f"{n}: {sum(s.values())} {dict(s)}" for n, s in syncs.items()))
     assert sum(syncs[2].values()) == sum(syncs[6].values()), syncs
