@@ -130,9 +130,9 @@ def _parse(cls: type, argv: list[str], prog: str, **kwargs: Any) -> Any:
         if message.startswith("Unrecognized options: "):  # a peer's name, or another algorithm's setting: say so
             from shoal.config import owners_hint, peer_hint
 
-            hints = [hint for arg in argv if arg.startswith("--")
-                     if (hint := peer_hint(cls, arg.partition("=")[0], flags=True)
-                         or owners_hint(cls, arg.partition("=")[0], flags=True))]
+            flags = [arg.partition("=")[0] for arg in argv if arg.startswith("--")]
+            hints = [hint for flag in flags
+                     if (hint := peer_hint(cls, flag, flags=True) or owners_hint(cls, flag, flags=True))]
             if hints:
                 message = message.split(";")[0].removesuffix(f" (see {prog} --help)")
                 message = f"{message}; {'; '.join(dict.fromkeys(hints))} (see {prog} --help)"

@@ -275,6 +275,7 @@ def saved_transitions(states: list[dict[str, Any]], alpha: float) -> dict[str, A
     merged = np.argsort(np.concatenate(ages), kind="stable")
     offsets = np.cumsum([0] + [s["size"] for s in states])[:-1]  # of each shard's rows, its columns concatenated
     rows = (np.concatenate(order).astype(np.int64) + offsets[shard])[merged]
+
     def column(key: str) -> np.ndarray:  # one shard's as it is: a copy of a large replay less
         return states[0][key] if len(states) == 1 else np.concatenate([s[key] for s in states])
 

@@ -102,9 +102,13 @@ def test_fine_tuning_a_solved_policy_goes_on_from_its_return_and_resumes_without
 def test_a_checkpoint_these_settings_cannot_start_from_is_refused_in_one_line_and_leaves_no_run(tmp_path, capsys,
                                                                                                  argv, message):
     source = trained(tmp_path, "ppo", "CartPole-v1", 256)
-    capsys.readouterr()  # the source's own output (a busy machine's note on waiting threads, say)
-    run = tmp_path / "run"
-    assert main(["train", *argv, "--init-from", str(source), "--run-dir", str(run), "--no-progress"]) == 2
+    assert_refused_in_one_line(capsys, ["train", *argv, "--init-from", str(source)], message, tmp_path / "run")
+
+
+def assert_refused_in_one_line(capsys, argv, message, run):
+    """``shoal argv`` into ``run`` fails with one line holding ``message``, and leaves no run directory."""
+    capsys.readouterr()  # what came before: the source's own training (a busy machine's note on waiting threads, say)
+    assert main([*argv, "--run-dir", str(run), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not run.exists()
@@ -180,12 +184,7 @@ def test_init_from_and_init_replay_of_one_run_go_on_from_its_networks_and_experi
 def test_a_replay_this_run_cannot_start_from_is_refused_in_one_line_and_leaves_no_run(tmp_path, capsys,
                                                                                       source_settings, argv, message):
     source = trained(tmp_path, "dqn", "CartPole-v1", 256, **{**OFF, "save_replay": True, **source_settings})
-    capsys.readouterr()  # the source's own output (a busy machine's note on waiting threads, say)
-    run = tmp_path / "run"
-    assert main(["train", *argv, "--init-replay", str(source), "--run-dir", str(run), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1, err
-    assert not run.exists()
+    assert_refused_in_one_line(capsys, ["train", *argv, "--init-replay", str(source)], message, tmp_path / "run")
 
 
 def test_an_on_policy_checkpoint_holds_no_replay_to_start_from(tmp_path):
