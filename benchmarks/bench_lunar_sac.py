@@ -23,8 +23,15 @@ over 500k steps; 2 critics of 25 quantiles, 2 dropped per critic); lunar_tqc.jso
 decay runs over the preset's 500k steps on both sides, so shoal's run keeps total_steps 500k and
 stops at --max-time-s instead of --max-steps.
 
+With ``--distributed N``, each seed also trains on the ray backend, the issue's distributed layout:
+``--apex`` with N runners inserting into the replay actor and the learner sampling it, one torch
+thread per role (`shoal train ALGO --env LunarLanderContinuous-v3 --backend ray --apex
+--num-env-runners N --torch-threads 1`). Its time (from building the algorithm, so Ray's start-up
+is in it) is set against the single-process run's of the same seed, measured in the same run.
+``--skip-peer`` times shoal's layouts alone.
+
     .venv/bin/python benchmarks/bench_lunar_sac.py [--algo sac|crossq|tqc] [--seeds 0 1 2] [--threads 2]
-        [--max-steps 150000] [--check-episodes 100]
+        [--max-steps 150000] [--check-episodes 100] [--distributed 2] [--skip-peer]
 
 A seed takes shoal 4-10 minutes here; SB3 runs longer.
 """
@@ -43,11 +50,15 @@ TITLES = {"sac": "SAC", "crossq": "CrossQ", "tqc": "TQC"}
 
 
 def shoal_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int, check_episodes: int,
-               max_time_s: float) -> Reached:
+               max_time_s: float, runners: int = 0) -> Reached:
+    """Time to 200 in one process, or with ``runners`` > 0 on the ray backend under --apex (a torch
+    thread per role: the learner shares the cores with the runners and the replay)."""
     import shoal
 
+    layout = {"backend": "ray", "apex": True, "num_env_runners": runners, "torch_threads": 1} if runners else {
+        "torch_threads": threads}
     config = shoal.make_config(algo, ENV, seed=seed, stop_return=TARGET, eval_interval=eval_every, eval_episodes=10,
-                               progress=False, tensorboard=False, torch_threads=threads)
+                               progress=False, tensorboard=False, **layout)
     # a learning rate decayed over the preset's total_steps keeps them: the run stops at a time instead
     cap = {"stop_time_s": max_time_s} if config.lr_schedule == "linear" else {"total_steps": max_steps}
     return shoal_time_to(dataclasses.replace(config, **cap), TARGET, check_episodes)
@@ -88,6 +99,9 @@ def main() -> None:
                         help="stop a shoal run whose learning rate decays over the preset's steps after this long")
     parser.add_argument("--check-episodes", type=int, default=100,
                         help="episodes from unseen seeds each final policy plays after its run (0: none)")
+    parser.add_argument("--distributed", type=int, default=0, metavar="N",
+                        help="also train each seed on the ray backend with --apex and N runners")
+    parser.add_argument("--skip-peer", action="store_true", help="time shoal's layouts only, not the peer's")
     args = parser.parse_args()
     print(f"machine: {machine()}; torch threads: {args.threads}", flush=True)
     rows, runs = [], []
@@ -95,19 +109,34 @@ def main() -> None:
         ours = isolated(shoal_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes,
                         args.max_time_s)
         print(f"seed {seed}: shoal {describe(ours)}", flush=True)
-        theirs = isolated(sb3_time, args.algo, seed, args.eval_every, args.max_steps, args.threads, args.check_episodes)
-        print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
-        rows.append({"seed": seed, "shoal_s": ours.seconds, "shoal_steps": ours.steps, "sb3_s": theirs.seconds,
-                     "sb3_steps": theirs.steps, "shoal_check": ours.check, "sb3_check": theirs.check})
-        runs += [("shoal", seed, ours.curve), ("stable-baselines3" if args.algo == "sac" else "sb3-contrib", seed,
-                                               theirs.curve)]
-    s_med, b_med = median([r["shoal_s"] for r in rows]), median([r["sb3_s"] for r in rows])
-    print(f"median time to {TARGET:g}: shoal {s_med:.1f} s, SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}; "
-          "target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
+        row = {"seed": seed, "shoal_s": ours.seconds, "shoal_steps": ours.steps, "shoal_check": ours.check}
+        runs.append(("shoal", seed, ours.curve))
+        if args.distributed:
+            spread = isolated(shoal_time, args.algo, seed, args.eval_every, args.max_steps, args.threads,
+                              args.check_episodes, args.max_time_s, args.distributed)
+            print(f"seed {seed}: shoal on Ray, --apex, {args.distributed} runners {describe(spread)}", flush=True)
+            row.update(ray_s=spread.seconds, ray_steps=spread.steps, ray_check=spread.check)
+            runs.append((f"shoal, ray --apex {args.distributed} runners", seed, spread.curve))
+        if not args.skip_peer:
+            theirs = isolated(sb3_time, args.algo, seed, args.eval_every, args.max_steps, args.threads,
+                              args.check_episodes)
+            print(f"seed {seed}: SB3   {describe(theirs)}", flush=True)
+            row.update(sb3_s=theirs.seconds, sb3_steps=theirs.steps, sb3_check=theirs.check)
+            runs.append(("stable-baselines3" if args.algo == "sac" else "sb3-contrib", seed, theirs.curve))
+        rows.append(row)
+    s_med = median([r["shoal_s"] for r in rows])
+    b_med = median([r["sb3_s"] for r in rows if "sb3_s" in r])
+    r_med = median([r["ray_s"] for r in rows if "ray_s" in r])
+    print(f"median time to {TARGET:g}: shoal {s_med:.1f} s"
+          + (f", SB3 {b_med:.1f} s; ratio {s_med / b_med:.2f}" if not args.skip_peer else "")
+          + (f"; on Ray with {args.distributed} runners {r_med:.1f} s, {r_med / s_med:.2f} of one process"
+             if args.distributed else "")
+          + "; target: shoal <= 360 s (nan: not reached within --max-steps; a median counts it as slower than any run)")
     name, title = f"lunar_{args.algo}", TITLES[args.algo]
     save(name, {"algo": args.algo, "threads": args.threads, "eval_every": args.eval_every,
-                "check_episodes": args.check_episodes, "rows": rows,
+                "check_episodes": args.check_episodes, "distributed": args.distributed, "rows": rows,
                 "shoal_median_s": s_med, "sb3_median_s": b_med, "ratio": s_med / b_med,
+                "ray_median_s": r_med, "ray_ratio": r_med / s_med,
                 "curves": [{"framework": f, "seed": seed, "steps_seconds_return": c} for f, seed, c in runs]})
     print("curves:", plot_curves(name, f"{title} on {ENV}, mean return of 10 deterministic episodes", runs,
                                  TARGET, time_target=360))
