@@ -50,7 +50,8 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> N
     """Load an optimiser's saved state (its moments and step counts, parameter by parameter) and
     keep this run's parameter groups with their settings: a checkpoint whose networks were grouped
     otherwise (written with other learning rates of their own, or before there were any) loads the
-    same state for the same parameters. The parameters must be the same, in the same order."""
+    same state for the same parameters. The parameters must be the same, in the same order: a count
+    or a moment's shape that differs is refused."""
     groups, start = [], 0
     for group in optimizer.param_groups:
         groups.append({**{k: v for k, v in group.items() if k != "params"},
@@ -60,6 +61,13 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> N
     if saved_params != start:
         raise ShoalError(f"the checkpoint's optimiser holds {saved_params} parameter tensors, this learner's "
                          f"{start}: it was written for other networks")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved["state"].items():  # moments of another shape would fail only at the next step
+        want = tuple(params[index].shape)
+        other = [tuple(v.shape) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() and v.shape != want]
+        if other:
+            raise ShoalError(f"the checkpoint's optimiser holds moments of shape {other[0]} for parameter {index}, "
+                             f"whose shape here is {want}: it was written for other networks")
     optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
 
 

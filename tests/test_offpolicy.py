@@ -629,6 +629,9 @@ def test_a_checkpoint_loads_into_learners_whose_networks_have_other_rates_and_so
     td3 = TD3Learner(TD3Config(env="Pendulum-v1", hidden_sizes=(16,)), obs_space, action_space, WeightStore())
     with pytest.raises(ShoalError, match="the checkpoint's optimiser holds 11 parameter tensors, this learner's 4"):
         load_optimizer(td3.actor_optimizer, one.optimizer.state_dict())
+    narrower = SACLearner(dataclasses.replace(one.config, hidden_sizes=(8,)), obs_space, action_space, WeightStore())
+    with pytest.raises(ShoalError, match=r"moments of shape \(16, 3\) for parameter 0, whose shape here is \(8, 3\)"):
+        load_optimizer(narrower.optimizer, one.optimizer.state_dict())  # as many tensors, of other shapes
 
 
 def test_divergence_advice_names_every_learning_rate_the_run_has():
