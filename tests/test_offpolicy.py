@@ -595,7 +595,8 @@ def test_own_learning_rates_step_the_actor_critics_and_temperature_each_at_its_r
 def test_a_checkpoint_loads_into_learners_whose_networks_have_other_rates_and_so_other_groups():
     """A checkpoint written with one parameter group (every rate lr's, or before own rates existed)
     resumes with own rates (a group per network), and back: the same moments for the same
-    parameters, with the resuming run's rates."""
+    parameters, with the resuming run's rates. One written for other networks (another count of
+    tensors, or as many of other shapes) is refused in one line."""
     from shoal.learner import load_optimizer
 
     obs_space, action_space = gym.spaces.Box(-8, 8, (3,)), gym.spaces.Box(-2, 2, (1,))
