@@ -77,10 +77,10 @@ class GraphedUpdate:
             self._record(batch)
             if self.graph is None:  # recording failed: this batch's update, eagerly
                 return self.step(batch)
-        elif not all(s.shape == t.shape and s.dtype == t.dtype for s, t in zip(self.inputs, batch)):
+        elif not all(s.shape == t.shape and s.dtype == t.dtype for s, t in zip(self.inputs, batch[:-1])):
             return self.step(batch)
         else:
-            for static, t in zip(self.inputs, batch):
+            for static, t in zip(self.inputs, batch[:-1]):
                 static.copy_(t, non_blocking=True)
         for held in self.lrs:  # the schedule's rate, where it moved since the last replay
             if held[0]["lr"] != held[2]:
@@ -101,7 +101,7 @@ class GraphedUpdate:
     def _record(self, batch: Transitions) -> None:
         """Record ``step`` on copies of ``batch``'s tensors (nothing runs: the caller replays)."""
         device = batch.obs.device
-        self.inputs = [t.clone() for t in batch[:6]]
+        self.inputs = [t.clone() for t in batch[:-1]]  # every field but the replay's indices (NumPy)
         static = Transitions(*self.inputs, batch.indices)
         groups = [g for o in self.optimizers() for g in o.param_groups]
         saved = [(g["lr"], g["capturable"]) for g in groups]
