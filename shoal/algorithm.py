@@ -23,7 +23,7 @@ from shoal.config import eval_env_kwargs, merge, to_dict
 from shoal.envs import EnvOptions, all_spaces, describe_space, env_spaces, policy_misfit, space_from_description
 from shoal.errors import Diverged, RoleFailed, SharedObjectLost, ShoalError
 from shoal.evaluator import Evaluator
-from shoal.learner import UpdateResult
+from shoal.learner import UpdateResult, network_shapes
 from shoal.policy import ONE_HOT_SPACES, Policy, UnsupportedActions, UnsupportedMasks, set_up_torch, set_weights
 from shoal.runner import EnvRunner, merge_infos
 
@@ -427,9 +427,9 @@ class Algorithm:
         meta = ckpt.read_meta(path)
         if meta["algo"] != self.spec.name:
             raise ShoalError(f"checkpoint {path} is from algorithm {meta['algo']!r}, not {self.spec.name!r}")
-        self._check_network_fits(path)
-        self._check_spaces(path)
         state = ckpt.read_state(path)
+        self._check_network_fits(path, extra=state["learner"]["extra"])
+        self._check_spaces(path)
         if state["learner"].get("replay") is not None:
             saved = ckpt.read_policy(path)["config"]
             self._check_replay_fits(saved, path, "resume")
@@ -481,10 +481,10 @@ class Algorithm:
             raise ShoalError(f"--init-from {path} is a checkpoint of {meta['algo']}, not {self.spec.name}: start "
                              f"from it with `shoal train {meta['algo']} --init-from {path}`")
         self._check_spaces(path)  # first: another env's spaces say more than the network shapes they make
-        self._check_network_fits(path, "start from it")
-        weights = {k: v.numpy() for k, v in ckpt.read_policy(path)["weights"].items()}  # read without pickle
         # the critics and targets are in the pickled training state: read as a resume reads it
         extra = ckpt.read_state(path)["learner"]["extra"] if self.spec.learner_cls.EXTRA_NETWORKS else {}
+        self._check_network_fits(path, "start from it", extra)
+        weights = {k: v.numpy() for k, v in ckpt.read_policy(path)["weights"].items()}  # read without pickle
         self.policy_version = self.backend.get(self.learner.call("load_networks", weights, extra))
         return path
 
@@ -566,29 +566,37 @@ class Algorithm:
         if misfit:
             raise ShoalError(f"checkpoint {path} does not fit {self.config.env}: {misfit}")
 
-    def _check_network_fits(self, path: Path, doing: str = "resume") -> None:
-        """Refuse, in one line and before any role loads it, a checkpoint whose network these
-        settings do not build (``hidden_sizes``, ``dueling``, ``normalize_obs`` or the env's
-        spaces changed since it was written), or one of another ``--encoder`` class (whose
-        parameters may have the same names and shapes, and mean something else)."""
+    def _check_network_fits(self, path: Path, doing: str = "resume", extra: dict[str, Any] | None = None) -> None:
+        """Refuse, in one line and before any role loads it, a checkpoint whose networks these
+        settings do not build (``hidden_sizes``, ``critic_hidden_sizes``, ``dueling``,
+        ``normalize_obs`` or the env's spaces changed since it was written), or one of another
+        ``--encoder`` class (whose parameters may have the same names and shapes, and mean
+        something else). ``extra``: the checkpoint's learner state beyond the policy, whose
+        networks (critics, targets) are checked against the learner's where the algorithm has them."""
         payload = ckpt.read_policy(path)
         encoder = payload["config"].get("encoder")
         if encoder != self.config.encoder:
             raise ShoalError(f"checkpoint {path} holds a network with --encoder {encoder or '(none)'}, "
                              f"and these settings build one with --encoder {self.config.encoder or '(none)'}: "
                              f"{doing} with the run's own encoder")
-        here = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
-        there = payload["weights"]
+        policy = self.spec.make_policy(self.config, self.obs_space, self.action_space).state_dict()
+        here = {k: list(v.shape) for k, v in policy.items()}
+        there = {k: list(v.shape) for k, v in payload["weights"].items()}
+        if extra and self.spec.learner_cls.EXTRA_NETWORKS:
+            mine, saved_extra = self.backend.get(self.learner.call("extra_shapes")), network_shapes(extra)
+            entries = {k.split(".")[0] for k in mine} & {k.split(".")[0] for k in saved_extra}
+            here.update((k, v) for k, v in mine.items() if k.split(".")[0] in entries)
+            there.update((k, v) for k, v in saved_extra.items() if k.split(".")[0] in entries)
 
-        def shape(weights: dict[str, Any], key: str) -> list[int] | str:
-            return list(weights[key].shape) if key in weights else "absent"
+        def shape(shapes: dict[str, list[int]], key: str) -> list[int] | str:
+            return shapes.get(key, "absent")
 
         wrong = [k for k in sorted(here.keys() | there.keys()) if shape(here, k) != shape(there, k)]
         if not wrong:
             return
         saved, now = to_dict(config_from_dict(self.spec.name, payload["config"])), to_dict(self.config)
-        changed = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items()
-                   if saved.get(k) != v and k not in ("total_steps", "stop_return")]
+        beside = ("total_steps", "stop_return", "run_dir", "init_from", "init_replay")  # not the network's shapes
+        changed = [f"{k} {saved.get(k)} -> {v}" for k, v in now.items() if saved.get(k) != v and k not in beside]
         raise ShoalError(
             f"checkpoint {path} holds a network these settings do not build ({wrong[0]}: "
             f"{shape(there, wrong[0])} in the checkpoint, {shape(here, wrong[0])} now); changed since it was "

@@ -94,6 +94,12 @@ def _optional(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.Pr
     if get_origin(info.type) not in (Union, types.UnionType):
         return None
     kinds = [t for t in get_args(info.type) if t is not type(None)]
+    if len(kinds) == 1 and len(get_args(info.type)) == 2 and kinds[0] == tuple[int, ...]:  # --critic-hidden-sizes
+        return tyro.constructors.PrimitiveConstructorSpec(
+            nargs="*", metavar="[INT [INT ...]]",
+            instance_from_str=lambda args: None if args == ["None"] else tuple(map(_whole_number, args)),
+            is_instance=lambda x: x is None or (isinstance(x, tuple) and all(isinstance(v, int) for v in x)),
+            str_from_instance=lambda x: ["None"] if x is None else [str(v) for v in x])
     if len(kinds) != 1 or len(get_args(info.type)) != 2 or kinds[0] not in (int, float, str):
         return None
     kind = kinds[0]

@@ -92,8 +92,9 @@ class Config:
     run_dir: str | None = None
     """Directory for config, metrics, checkpoints and plots (default: runs/ALGO-ENV-TIME)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
-    """Hidden layer widths of the policy and value networks (image observations with shoal's
-    convolutional encoder: linear heads on its features instead)."""
+    """Hidden layer widths of the policy and value networks (the value network's unless
+    critic_hidden_sizes gives its own; image observations with shoal's convolutional encoder:
+    linear heads on its features instead)."""
     activation: Literal["tanh", "relu"] = "tanh"
     """Hidden-layer activation."""
     encoder: str | None = None
@@ -241,6 +242,9 @@ class Config:
                "not render; --video-interval N and `shoal eval RUN_DIR --video DIR` record episodes")
         _check(len(self.hidden_sizes) >= 1 and min(self.hidden_sizes) >= 1,
                "hidden_sizes needs at least one positive width, e.g. --hidden-sizes 64 64")
+        critic = getattr(self, "critic_hidden_sizes", None)
+        _check(critic is None or (len(critic) >= 1 and min(critic) >= 1),
+               "critic_hidden_sizes needs at least one positive width, e.g. --critic-hidden-sizes 256 256")
         if self.encoder is not None:
             _check_encoder(self.encoder)
         _check(self.encoder is not None or not self.encoder_kwargs,
@@ -306,6 +310,12 @@ def check_sde(config: Any) -> None:
            "runner's envs")
 
 
+def critic_sizes(config: Any) -> tuple[int, ...]:
+    """The critics' (value network's) hidden widths: ``critic_hidden_sizes``, or where it is unset
+    the policy's ``hidden_sizes``."""
+    return config.hidden_sizes if config.critic_hidden_sizes is None else config.critic_hidden_sizes
+
+
 OWN_LRS = ("actor_lr", "critic_lr", "alpha_lr")
 """Settings of a network's own learning rate (unset: lr), in the algorithms that have them."""
 
@@ -330,7 +340,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "total_timesteps": ("SB3's", {"total_steps": ""}),
     "n_timesteps": ("rl-zoo's", {"total_steps": ""}),
     "normalize": ("rl-zoo's", {"normalize_obs": " and {normalize_rewards}"}),
-    "net_arch": ("SB3's", {"hidden_sizes": ""}),
+    "net_arch": ("SB3's", {"hidden_sizes": " (its pi; {critic_hidden_sizes} is its vf or qf where they differ)"}),
     "activation_fn": ("SB3's", {"activation": ""}),
     "target_kl": ("sb3-contrib's TRPO", {"max_kl": ""}),
     "cg_max_steps": ("sb3-contrib's", {"cg_iters": ""}),

@@ -71,6 +71,23 @@ def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> N
     optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
 
 
+def network_shapes(extra: dict[str, Any]) -> dict[str, list[int]]:
+    """The shapes of the tensors in a learner's :meth:`Learner.extra_state` by dotted key
+    ("critics.weights.0": [2, 4, 256]): its networks beyond the policy, not its optimisers' state
+    (an entry of "state" and "param_groups"), which a new run starts afresh."""
+    shapes: dict[str, list[int]] = {}
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, torch.Tensor):
+            shapes[key] = list(value.shape)
+        elif isinstance(value, dict) and not {"state", "param_groups"} <= value.keys():
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+
+    walk(extra, "")
+    return shapes
+
+
 def check_losses(metrics: dict[str, Any], version: int, env_steps: int, config: Any) -> None:
     """Raise, before the weights are published, once a loss the learner reports (the mean of an
     iteration's updates, read anyway) is NaN or infinite: the weights it stepped are then
@@ -264,6 +281,11 @@ class Learner:
 
     EXTRA_NETWORKS = True
     """Whether the algorithm has networks beyond the policy (:meth:`load_extra_networks` reads them)."""
+
+    def extra_shapes(self) -> dict[str, list[int]]:
+        """:func:`network_shapes` of this learner's :meth:`extra_state`: what a checkpoint's must
+        be for :meth:`load_extra_networks` to take them."""
+        return network_shapes(self.extra_state())
 
     def load_extra_networks(self, extra: dict[str, Any]) -> None:
         """The networks of :meth:`extra_state`'s ``extra`` beyond the policy (critics, targets), not

@@ -43,8 +43,8 @@ class OffPolicyConfig(Config):
     """Torch threads per process: the 256-wide networks' updates are compute-bound, and gain ~30%
     from a second thread here (unlike PPO's small MLPs)."""
     hidden_sizes: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the networks (DQN on image observations: a convolutional encoder
-    with linear heads instead)."""
+    """Hidden layer widths of the networks (the critics' too, unless critic_hidden_sizes gives
+    theirs; DQN on image observations: a convolutional encoder with linear heads instead)."""
     activation: Literal["tanh", "relu"] = "relu"
     """Hidden-layer activation."""
     rollout_steps: int = 0

@@ -58,6 +58,10 @@ class OnPolicyConfig(Config):
     """Divide the rewards the learner sees by a running std of the discounted return, clipped to
     +-10 (stable-baselines3's VecNormalize norm_reward; kept in checkpoints). The returns shoal
     reports stay the env's own."""
+    critic_hidden_sizes: tuple[int, ...] | None = None
+    """Hidden layer widths of the value network (the critic), where they differ from the policy's
+    (unset: hidden_sizes for both; SB3's net_arch=dict(pi=..., vf=...)). With shoal's convolutional
+    encoder both networks are linear heads on its features, and neither setting applies."""
     log_std_init: float = 0.0
     """Initial log standard deviation of continuous actions (with use_sde, of the noise matrix's entries)."""
     use_sde: bool = False
@@ -107,7 +111,8 @@ def make_actor_critic(config: OnPolicyConfig, obs_space, action_space) -> ActorC
     return ActorCritic(obs_space, action_space, config.hidden_sizes, config.activation,
                        config.normalize_obs, config.log_std_init, images=True, lstm_size=config.lstm_size,
                        sde=config.sde_sample_freq if config.use_sde else None, ortho_init=config.ortho_init,
-                       encoder=EncoderSpec.of(config), share_encoder=config.share_encoder)
+                       encoder=EncoderSpec.of(config), share_encoder=config.share_encoder,
+                       critic_hidden_sizes=config.critic_hidden_sizes)
 
 
 def episode_segments(done: np.ndarray, final_rows: np.ndarray | None = None,

@@ -601,7 +601,8 @@ class ActorCritic(PolicyModule):
 
     With image observations (``images=True``) the two share one convolutional encoder, and are
     linear heads on its features (as stable-baselines3's and RLlib's CNN policies). With the
-    user's ``encoder`` they share that, and are ``hidden_sizes`` MLPs on its features. With
+    user's ``encoder`` they share that, and are MLPs on its features. The critic's hidden widths
+    are ``critic_hidden_sizes`` where given, else the actor's ``hidden_sizes``. With
     ``share_encoder=False`` the critic has an encoder of its own (``critic_encoder``, of the same
     kind; SB3's ``share_features_extractor=False``): the value loss no longer trains the actor's
     features, and the acting path runs the actor's encoder only.
@@ -629,7 +630,8 @@ class ActorCritic(PolicyModule):
                  hidden_sizes: tuple[int, ...] = (64, 64), activation: str = "tanh",
                  normalize_obs: bool = False, log_std_init: float = 0.0, images: bool = False,
                  lstm_size: int = 0, sde: int | None = None, ortho_init: bool = True,
-                 encoder: EncoderSpec | None = None, share_encoder: bool = True):
+                 encoder: EncoderSpec | None = None, share_encoder: bool = True,
+                 critic_hidden_sizes: tuple[int, ...] | None = None):
         super().__init__(obs_space, action_space, normalize_obs, images, encoder)
         self.critic_encoder = None if share_encoder else self.fresh_encoder()
         if not share_encoder and self.critic_encoder is None:
@@ -642,13 +644,14 @@ class ActorCritic(PolicyModule):
         if gaussian and sde is None:
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         hidden = () if self.cnn else hidden_sizes
+        critic_hidden = () if self.cnn else hidden_sizes if critic_hidden_sizes is None else critic_hidden_sizes
         self.lstm_size = lstm_size
         self.lstm = nn.ModuleList([nn.LSTM(self.feature_dim, lstm_size) for _ in "ac"]) if lstm_size else None
         self.recurrent = self.lstm is not None
         self.memory: tuple[Tensor, Tensor] | None = None
         head_in = lstm_size or self.feature_dim
         self.actor = mlp([head_in, *hidden, self.action_dim], act, out_gain=0.01)
-        self.critic = mlp([head_in, *hidden, 1], act, out_gain=1.0)
+        self.critic = mlp([head_in, *critic_hidden, 1], act, out_gain=1.0)
         self.sde = (StateDependentNoise(self.actor[-1].in_features, self.action_dim, log_std_init, sde,
                                         learn_features=False) if sde is not None else None)
         if not ortho_init:  # (a user's --encoder keeps the initialisation its class gave it)

@@ -105,6 +105,37 @@ def test_a_checkpoint_these_settings_cannot_start_from_is_refused_in_one_line_an
     assert_refused_in_one_line(capsys, ["train", *argv, "--init-from", str(source)], message, tmp_path / "run")
 
 
+@pytest.mark.parametrize("algo, source_settings, argv, message", [
+    ("sac", {"critic_hidden_sizes": (48, 40)}, ["--critic-hidden-sizes", "64"],
+     "(critics.biases.0: [2, 1, 48] in the checkpoint, [2, 1, 64] now); changed since it was written: "
+     "critic_hidden_sizes [48, 40] -> [64]. Start from it"),
+    ("sac", {"critic_hidden_sizes": (48, 40)}, [],  # unset now: the actor's widths, as the checkpoint's were not
+     "changed since it was written: critic_hidden_sizes [48, 40] -> None."),
+    ("td3", {}, ["--no-twin-critics"], "(critics.biases.0: [2, 1, 32] in the checkpoint, [1, 1, 32] now); changed "
+     "since it was written: twin_critics True -> False."),
+    ("tqc", {"n_quantiles": 5}, ["--n-quantiles", "7"], "changed since it was written: n_quantiles 5 -> 7."),
+])
+def test_critics_these_settings_do_not_build_are_refused_in_one_line_and_leave_no_run(tmp_path, capsys, algo,
+                                                                                     source_settings, argv, message):
+    """The networks beyond the policy (critics, targets, in the pickled training state) are checked
+    as the policy's are, before any role loads them: torch's size-mismatch error was what a user saw."""
+    source = trained(tmp_path, algo, "Pendulum-v1", 128, **{**OFF, **source_settings})
+    same_settings = ["--hidden-sizes", "32", "32", "--learning-starts", "64", "--batch-size", "32", "--eval-interval",
+                     "0", "--eval-episodes", "3", "--no-tensorboard"]  # as the source's, but for argv
+    assert_refused_in_one_line(capsys, ["train", algo, "--env", "Pendulum-v1", *same_settings, *argv, "--init-from",
+                                        str(source)], message, tmp_path / "run")
+
+
+def test_restoring_a_checkpoint_into_other_critics_is_refused_before_the_learner_loads_it(tmp_path):
+    source = trained(tmp_path, "sac", "Pendulum-v1", 128, **{**OFF, "critic_hidden_sizes": (48, 40)})
+    with shoal.make(shoal.make_config("sac", "Pendulum-v1", **QUICK, **OFF)) as other:
+        critics = state_of(other.learner.obj.critics)
+        with pytest.raises(shoal.ShoalError, match=r"\(critics.biases.0: \[2, 1, 48\] in the checkpoint, \[2, 1, 32\] "
+                           r"now\); changed since it was written: critic_hidden_sizes \[48, 40\] -> None. Resume"):
+            other.restore(source)
+        assert same(state_of(other.learner.obj.critics), critics)
+
+
 def assert_refused_in_one_line(capsys, argv, message, run):
     """``shoal argv`` into ``run`` fails with one line holding ``message``, and leaves no run directory."""
     capsys.readouterr()  # what came before: the source's own training (a busy machine's note on waiting threads, say)

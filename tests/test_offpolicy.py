@@ -770,3 +770,39 @@ def test_resume_with_another_number_of_replay_shards_keeps_every_transition(tmp_
         stored = [s.obj.stored() for s in algo.learner.obj.replay.shards]
         assert sum(stored) == held and max(stored) - min(stored) <= 1, stored
         algo.train()
+
+
+def linear_widths(module):
+    """Output widths of a module's linear layers in order (QCritics' ensembled ones included)."""
+    if isinstance(module, QCritics):
+        return [w.shape[-1] for w in module.weights]
+    return [m.out_features for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+@pytest.mark.parametrize("algo, env", [("sac", "Pendulum-v1"), ("sac", "CartPole-v1"), ("td3", "Pendulum-v1"),
+                                       ("ddpg", "Pendulum-v1"), ("tqc", "Pendulum-v1"), ("crossq", "Pendulum-v1"),
+                                       ("ppo", "CartPole-v1"), ("a2c", "Pendulum-v1"), ("trpo", "CartPole-v1"),
+                                       ("impala", "CartPole-v1"), ("appo", "Pendulum-v1")])
+def test_critics_take_their_own_widths_where_given_else_the_actors(algo, env):
+    """critic_hidden_sizes (SB3's net_arch=dict(pi=..., qf=/vf=...), RLlib's critic_hiddens) shapes
+    the critics (and their targets) or the value network alone; unset, they have the actor's widths."""
+    spaces = gym.make(env)
+    for critic, expected in (((48, 40), [48, 40]), (None, [16])):
+        config = shoal.make_config(algo, env, hidden_sizes=(16,), critic_hidden_sizes=critic)
+        if algo in ("ppo", "a2c", "trpo", "impala", "appo"):
+            policy = shoal.algos.get(algo).make_policy(config, spaces.observation_space, spaces.action_space)
+            assert linear_widths(policy.actor)[:-1] == [16] and linear_widths(policy.critic) == [*expected, 1]
+            continue
+        learner = shoal.algos.get(algo).learner_cls(config, spaces.observation_space, spaces.action_space,
+                                                    WeightStore())
+        assert linear_widths(learner.critics)[:-1] == expected
+        if hasattr(learner, "target_critics"):
+            assert linear_widths(learner.target_critics)[:-1] == expected
+        assert 16 in linear_widths(learner.policy) and not {40, 48} & set(linear_widths(learner.policy))
+
+
+@pytest.mark.parametrize("value, message", [([], "critic_hidden_sizes needs at least one positive width"),
+                                            ([64, 0], "critic_hidden_sizes needs at least one positive width")])
+def test_critic_widths_that_build_no_network_are_refused(value, message):
+    with pytest.raises(ConfigError, match=message):
+        shoal.make_config("sac", "Pendulum-v1", critic_hidden_sizes=value)

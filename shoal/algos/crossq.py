@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
 from shoal.algos.sac import SACConfig, SACLearner, SquashedGaussianActor
-from shoal.config import _check
+from shoal.config import _check, critic_sizes
 from shoal.errors import ShoalError
 from shoal.offpolicy import OffPolicyLearner, QCritics, observations_normalized
 from shoal.policy import EncoderSpec, is_image
@@ -115,10 +115,10 @@ class CrossQConfig(SACConfig):
     tau is fixed at 1)."""
     policy_delay: int = 3
     """Critic updates per actor (and temperature) update."""
-    critic_hidden_sizes: tuple[int, ...] = (1024, 1024)
-    """The critics' hidden widths (hidden_sizes: the actor's). The authors found wide critics learn
-    markedly faster (2048 in the paper; sb3-contrib's default 1024), at a CPU cost: a 1024-wide
-    critic update is several times a 256-wide one's."""
+    critic_hidden_sizes: tuple[int, ...] | None = (1024, 1024)
+    """The critics' hidden widths (hidden_sizes: the actor's; None: the actor's for both). The
+    authors found wide critics learn markedly faster (2048 in the paper; sb3-contrib's default
+    1024), at a CPU cost: a 1024-wide critic update is several times a 256-wide one's."""
     adam_beta1: float = 0.5
     """Adam's first-moment decay for every network (the paper's 0.5; 0.9 is Adam's usual)."""
     batch_norm_momentum: float = 0.01
@@ -134,8 +134,6 @@ class CrossQConfig(SACConfig):
         _check(self.policy_delay >= 1, "policy_delay must be at least 1")
         _check(self.tau == 1.0, f"tau {self.tau}: crossq has no target networks to move towards the critics (as "
                "sb3-contrib's); the critics' Batch Renormalization takes their place")
-        _check(len(self.critic_hidden_sizes) >= 1 and min(self.critic_hidden_sizes) >= 1,
-               "critic_hidden_sizes needs at least one positive width, e.g. --critic-hidden-sizes 256 256")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1 must be in [0, 1)")
         _check(not self.cuda_graph, "--cuda-graph records the updates of sac and tqc, not crossq's: its actor "
                "learns every policy_delay updates and Batch Renormalization counts its warm-up, which one graph "
@@ -184,7 +182,7 @@ class CrossQLearner(SACLearner):
                  replay_shards: list[Any] | None = None):
         OffPolicyLearner.__init__(self, config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = False
-        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.critic_hidden_sizes,
+        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config),
                                 config.activation, norm=config.renorm(groups=2)).to(self.device)
         self.init_temperature(config)
         self.actor_layers, self.critic_layers = renorm_layers(self.policy), renorm_layers(self.critics)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
-from shoal.config import _check, check_sde
+from shoal.config import _check, check_sde, critic_sizes
 from shoal.cudagraph import GraphedUpdate
 from shoal.errors import ShoalError
 from shoal.learner import load_optimizer
@@ -37,6 +37,9 @@ class SACConfig(OffPolicyConfig):
 
     algo: ClassVar[str] = "sac"
 
+    critic_hidden_sizes: tuple[int, ...] | None = None
+    """Hidden layer widths of the critics, where they differ from the actor's (unset: hidden_sizes
+    for both; SB3's net_arch=dict(pi=..., qf=...), RLlib's critic_hiddens)."""
     alpha: float | None = None
     """Fixed entropy temperature; None tunes it to target_entropy."""
     alpha_init: float = 1.0
@@ -221,7 +224,7 @@ class SACLearner(OffPolicyLearner):
 
     def make_critics(self, config: SACConfig) -> QCritics:
         """The twin critics (with an encoder of their own for images or --encoder)."""
-        return QCritics(2, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation,
+        return QCritics(2, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config), config.activation,
                         discrete=self.discrete, encoder=self.policy.fresh_encoder())
 
     def init_temperature(self, config: SACConfig) -> None:

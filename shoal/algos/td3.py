@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from shoal.algos import AlgoSpec, register
-from shoal.config import _check
+from shoal.config import _check, critic_sizes
 from shoal.errors import ShoalError
 from shoal.learner import load_optimizer
 from shoal.offpolicy import (OffPolicyConfig, OffPolicyLearner, QCritics, ScaledActions, observations_normalized,
@@ -31,7 +31,11 @@ class TD3Config(OffPolicyConfig):
     algo: ClassVar[str] = "td3"
 
     hidden_sizes: tuple[int, ...] = (400, 300)
-    """Hidden layer widths of the actor and critics (the paper's 400-300)."""
+    """Hidden layer widths of the actor and critics (the paper's 400-300; the critics' are
+    critic_hidden_sizes where given)."""
+    critic_hidden_sizes: tuple[int, ...] | None = None
+    """Hidden layer widths of the critics, where they differ from the actor's (unset: hidden_sizes
+    for both; SB3's net_arch=dict(pi=..., qf=...), RLlib's critic_hiddens)."""
     lr: float = 1e-3
     """Adam learning rate of actor and critics (each unless actor_lr or critic_lr gives its own)."""
     action_noise: float = 0.1
@@ -150,7 +154,7 @@ class TD3Learner(OffPolicyLearner):
     def __init__(self, config: TD3Config, obs_space, action_space, store, policy_id: str = "default",
                  replay_shards: list[Any] | None = None):
         super().__init__(config, obs_space, action_space, store, policy_id, replay_shards)
-        dims = (self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes, config.activation)
+        dims = (self.policy.obs_dim, self.policy.action_dim, critic_sizes(config), config.activation)
         self.critics = QCritics(2 if config.twin_critics else 1, *dims,
                                 encoder=self.policy.fresh_encoder()).to(self.device)
         self.target_critics = target_copy(self.critics)

@@ -21,7 +21,7 @@ from torch import Tensor
 from shoal.algos import AlgoSpec, register
 from shoal.algos.sac import SACConfig, SACLearner
 from shoal.algos.sac import make_policy as sac_policy
-from shoal.config import _check
+from shoal.config import _check, critic_sizes
 from shoal.errors import ShoalError
 from shoal.offpolicy import QCritics, quantile_huber_loss
 from shoal.policy import PolicyModule
@@ -64,7 +64,7 @@ class TQCLearner(SACLearner):
 
     def make_critics(self, config: TQCConfig) -> QCritics:
         """K critics of M quantiles each (an encoder of their own for images or --encoder)."""
-        return QCritics(config.n_critics, self.policy.obs_dim, self.policy.action_dim, config.hidden_sizes,
+        return QCritics(config.n_critics, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config),
                         config.activation, encoder=self.policy.fresh_encoder(), outputs=config.n_quantiles)
 
     def train_batch(self, b: Transitions) -> tuple[dict[str, Tensor], Tensor | None]:
