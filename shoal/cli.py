@@ -88,17 +88,20 @@ def _whole_number(text: str) -> int:
 
 @_NUMBERS.primitive_rule
 def _optional(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.PrimitiveConstructorSpec | None:
-    """An optional number or text (``--stop-return FLOAT``, default None) is shown as its type, where
-    tyro shows ``{None}|FLOAT``, which reads as if None were the value to give; ``None`` is still
-    taken."""
+    """An optional number or text (``--stop-return FLOAT``, default None), or list of them
+    (``--critic-hidden-sizes [INT [INT ...]]``), is shown as its type, where tyro shows
+    ``{None}|FLOAT``, which reads as if None were the value to give; ``None`` is still taken."""
     if get_origin(info.type) not in (Union, types.UnionType):
         return None
     kinds = [t for t in get_args(info.type) if t is not type(None)]
-    if len(kinds) == 1 and len(get_args(info.type)) == 2 and kinds[0] == tuple[int, ...]:  # --critic-hidden-sizes
+    lists = {tuple[int, ...]: (int, _whole_number), tuple[str, ...]: (str, str)}
+    if len(kinds) == 1 and len(get_args(info.type)) == 2 and kinds[0] in lists:  # --critic-hidden-sizes 64 64
+        item, parse_item = lists[kinds[0]]
+        name = item.__name__.upper()
         return tyro.constructors.PrimitiveConstructorSpec(
-            nargs="*", metavar="[INT [INT ...]]",
-            instance_from_str=lambda args: None if args == ["None"] else tuple(map(_whole_number, args)),
-            is_instance=lambda x: x is None or (isinstance(x, tuple) and all(isinstance(v, int) for v in x)),
+            nargs="*", metavar=f"[{name} [{name} ...]]",
+            instance_from_str=lambda args: None if args == ["None"] else tuple(map(parse_item, args)),
+            is_instance=lambda x: x is None or (isinstance(x, tuple) and all(isinstance(v, item) for v in x)),
             str_from_instance=lambda x: ["None"] if x is None else [str(v) for v in x])
     if len(kinds) != 1 or len(get_args(info.type)) != 2 or kinds[0] not in (int, float, str):
         return None

@@ -1116,6 +1116,11 @@ def test_help_lists_every_field_and_the_listing_commands(capsys):
     assert "Discount factor" in out  # field docstrings become help text
     # an optional flag shows its type, not tyro's {None}|FLOAT (as if None were the value to give)
     assert "--stop-return FLOAT" in out and "--frame-stack INT" in out and "{None}" not in out
+    assert "--critic-hidden-sizes [INT [INT ...]]" in out  # and an optional list, its items' type
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert "--env-kwargs [STR [STR ...]]" in out and "{None}" not in out
     code, out, _ = run_cli(capsys, "algos")
     assert code == 0 and "ppo" in out and "CartPole-v1" in out
     code, out, _ = run_cli(capsys, "envs")
