@@ -93,6 +93,7 @@ class OnPolicyConfig(Config):
         _check(0 < self.gamma <= 1, "gamma must be in (0, 1]")
         _check(0 <= self.gae_lambda <= 1, "gae_lambda must be in [0, 1]")
         _check(self.max_grad_norm > 0, "max_grad_norm must be positive")
+        _check(self.vf_coef >= 0, "vf_coef must be 0 or more (a negative weight would grow the value error)")
         check_sde(self)
 
     @property

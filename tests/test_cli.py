@@ -1357,3 +1357,17 @@ def test_serve_env_says_how_to_check_the_server_and_train_on_it(capsys, tmp_path
         port = lines[0].split(" on 0.0.0.0:")[1].split()[0]
         assert lines[2] == (f"  train on it: SHOAL_TOKEN_FILE={token} shoal train ppo --env "
                             f"remote://THIS_HOST:{port}/CartPole-v1\n"), lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    # torch scales gradients by max_grad_norm / norm: -1 trained DQN up its loss, 0 not at all
+    (["dqn", "--max-grad-norm", "-1"], "max_grad_norm must be positive"),
+    (["qrdqn", "--max-grad-norm", "0"], "max_grad_norm must be positive"),
+    (["td3", "--env", "Pendulum-v1", "--target-noise-clip", "-1"], "noise settings must be 0 or more"),
+    (["ppo", "--target-kl", "-0.01"], "target_kl must be positive or None (no early stop)"),
+    (["a2c", "--vf-coef", "-0.5"], "vf_coef must be 0 or more"),
+])
+def test_settings_that_would_train_the_wrong_way_are_refused_in_one_line(capsys, tmp_path, argv, message):
+    code, _, err = run_cli(capsys, "train", *argv, "--run-dir", str(tmp_path / "run"), "--no-progress")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

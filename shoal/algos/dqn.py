@@ -68,6 +68,8 @@ class DQNConfig(OffPolicyConfig):
         _check(self.num_atoms == 1 or self.num_atoms >= 2, "num_atoms must be 1 (expected values) or at least 2")
         _check(self.num_atoms == 1 or self.v_min < self.v_max, "v_min must be below v_max")
         _check(self.target_update_interval >= 1, "target_update_interval must be at least 1")
+        # torch scales the gradients by max_grad_norm / norm: a negative one would ascend the loss
+        _check(self.max_grad_norm > 0, "max_grad_norm must be positive")
         _check(0 <= self.exploration_fraction <= 1, "exploration_fraction must be in [0, 1]")
         _check(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
                "need 0 <= exploration_final_eps <= exploration_initial_eps <= 1")

@@ -48,6 +48,7 @@ class PPOConfig(OnPolicyConfig):
                f"{self.batch_size} or less, or raise --rollout-steps or --num-envs-per-runner")
         _check(self.clip > 0, "clip must be positive")
         _check(self.vf_clip is None or self.vf_clip > 0, "vf_clip must be positive or None")
+        _check(self.target_kl is None or self.target_kl > 0, "target_kl must be positive or None (no early stop)")
 
 
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, clip: float) -> Tensor:

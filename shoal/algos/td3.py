@@ -68,7 +68,8 @@ class TD3Config(OffPolicyConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.action_noise >= 0 and self.target_noise >= 0, "noise settings must be 0 or more")
+        _check(self.action_noise >= 0 and self.target_noise >= 0 and self.target_noise_clip >= 0,
+               "noise settings must be 0 or more")
         _check(self.policy_delay >= 1, "policy_delay must be at least 1")
         _check(self.ou_theta > 0 and self.ou_dt > 0 and self.ou_theta * self.ou_dt < 1,
                "ou_theta and ou_dt must be positive, their product under 1")
