@@ -1069,7 +1069,9 @@ def cmd_tune(argv: list[str], console: Console) -> int:
     if args.env_kwargs:
         sets["env_kwargs"] = parse_set(list(args.env_kwargs), "--env-kwargs")
     _check_flags(("--trials", args.trials, "at least 1"), ("--evaluations", args.evaluations, "at least 1"),
-                 ("--startup-trials", args.startup_trials, "at least 0"), ("--n-jobs", args.n_jobs, "at least 1"))
+                 ("--startup-trials", args.startup_trials, "at least 0"), ("--n-jobs", args.n_jobs, "at least 1"),
+                 *([("--total-steps", args.total_steps, "at least 1")] if args.total_steps is not None else []),
+                 *([("--timeout-s", args.timeout_s, "positive")] if args.timeout_s is not None else []))
     study = tune(args.algo, args.env, trials=args.trials, params=params or None, total_steps=args.total_steps,
                  evaluations=args.evaluations, sets=sets, config_file=args.config, study_dir=args.study_dir,
                  seed=args.seed, startup_trials=args.startup_trials, prune=args.prune, timeout_s=args.timeout_s,

@@ -140,6 +140,8 @@ MISTAKES = [
     (["--param", "lr"], "--param expects NAME=SPEC"),
     (["--trials", "0"], "--trials must be at least 1"),
     (["--n-jobs", "0"], "--n-jobs must be at least 1"),
+    (["--total-steps", "0"], "--total-steps must be at least 1, got 0"),  # not the preset's: it is not unset
+    (["--timeout-s", "0"], "--timeout-s must be positive, got 0"),  # a study of no trials, where it was taken
     (["--n-jobs", "2", "--set", "backend=ray"], "trials on the ray backend run one at a time"),
     (["--metric", "loss/value"], "--metric names a column of the evaluations (eval.csv)"),
     (["--direction", "up"], "--direction is maximize or minimize, got 'up'"),
