@@ -373,7 +373,7 @@ PEER_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "adam_epsilon": ("RLlib's", {"optimizer_eps": ""}),
     "rms_prop_eps": ("SB3's A2C", {"optimizer_eps": ""}),
     "sigma0": ("RLlib's", {"noisy_sigma0": ""}),
-    "twin_q": ("RLlib's", {"twin_critics": ""}),
+    "twin_q": ("RLlib's", {"twin_critics": "", "n_critics": " (2 for twin_q true, 1 for false)"}),
     "initial_alpha": ("RLlib's", {"alpha_init": ""}),
     "num_steps_sampled_before_learning_starts": ("RLlib's", {"learning_starts": ""}),
     "capacity": ("RLlib's", {"buffer_size": ""}),

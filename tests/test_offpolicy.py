@@ -806,3 +806,30 @@ def test_critics_take_their_own_widths_where_given_else_the_actors(algo, env):
 def test_critic_widths_that_build_no_network_are_refused(value, message):
     with pytest.raises(ConfigError, match=message):
         shoal.make_config("sac", "Pendulum-v1", critic_hidden_sizes=value)
+
+
+@pytest.mark.parametrize("algo, env", [("sac", "Pendulum-v1"), ("sac", "CartPole-v1"), ("crossq", "Pendulum-v1")])
+@pytest.mark.parametrize("k", [1, 3])
+def test_sac_learns_with_n_critics(algo, env, k):
+    """n_critics (SB3's; RLlib's twin_q) critics, each with its own target (CrossQ: its own Batch
+    Renormalization statistics), whose smallest value the targets and the actor take."""
+    spaces = gym.make(env)
+    config = shoal.make_config(algo, env, n_critics=k, hidden_sizes=(16,), critic_hidden_sizes=(16,), seed=0)
+    learner = shoal.algos.get(algo).learner_cls(config, spaces.observation_space, spaces.action_space, WeightStore())
+    critics = [learner.critics, *([learner.target_critics] if hasattr(learner, "target_critics") else [])]
+    assert all(w.shape[0] == k for c in critics for w in c.weights)
+    n, g = 32, torch.Generator().manual_seed(0)
+    obs = torch.randn(2, n, *spaces.observation_space.shape, generator=g)
+    actions = torch.randint(0, 2, (n,), generator=g) if env == "CartPole-v1" else torch.rand(n, 1, generator=g) * 4 - 2
+    batch = Transitions(obs[0], actions, torch.randn(n, generator=g), obs[1], torch.full((n,), 0.99), torch.ones(n),
+                        np.arange(n))
+    before = [p.detach().clone() for p in learner.critics.parameters()]
+    for _ in range(3):
+        metrics, _ = learner.train_batch(batch)
+    assert all(torch.isfinite(v).all() for v in metrics.values())
+    assert all(not torch.equal(a, b) for a, b in zip(before, learner.critics.parameters()) if a.dim() > 1)
+
+
+def test_n_critics_below_one_are_refused():
+    with pytest.raises(ConfigError, match="n_critics must be at least 1"):
+        shoal.make_config("sac", "Pendulum-v1", n_critics=0)

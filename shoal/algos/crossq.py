@@ -182,8 +182,8 @@ class CrossQLearner(SACLearner):
                  replay_shards: list[Any] | None = None):
         OffPolicyLearner.__init__(self, config, obs_space, action_space, store, policy_id, replay_shards)
         self.discrete = False
-        self.critics = QCritics(2, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config),
-                                config.activation, norm=config.renorm(groups=2)).to(self.device)
+        self.critics = QCritics(config.n_critics, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config),
+                                config.activation, norm=config.renorm(groups=config.n_critics)).to(self.device)
         self.init_temperature(config)
         self.actor_layers, self.critic_layers = renorm_layers(self.policy), renorm_layers(self.critics)
         self.optimizer = self.adam({"actor_lr": self.policy.parameters(), "critic_lr": self.critics.parameters(),

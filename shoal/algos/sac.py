@@ -40,6 +40,9 @@ class SACConfig(OffPolicyConfig):
     critic_hidden_sizes: tuple[int, ...] | None = None
     """Hidden layer widths of the critics, where they differ from the actor's (unset: hidden_sizes
     for both; SB3's net_arch=dict(pi=..., qf=...), RLlib's critic_hiddens)."""
+    n_critics: int = 2
+    """Critics, each with its own target; the targets and the actor's loss take their smallest value
+    (2: SAC's twin critics; 1: one critic, RLlib's twin_q=False; SB3's n_critics)."""
     alpha: float | None = None
     """Fixed entropy temperature; None tunes it to target_entropy."""
     alpha_init: float = 1.0
@@ -75,6 +78,7 @@ class SACConfig(OffPolicyConfig):
         super().__post_init__()
         _check(self.alpha is None or self.alpha >= 0, "alpha must be 0 or more (or None to tune it)")
         _check(self.alpha_init > 0, "alpha_init must be positive")
+        _check(self.n_critics >= 1, "n_critics must be at least 1")
         _check(0 < self.target_entropy_scale < 1, "target_entropy_scale must be in (0, 1)")
         check_sde(self)
 
@@ -199,7 +203,7 @@ def make_policy(config: SACConfig, obs_space, action_space) -> PolicyModule:
 
 
 class SACLearner(OffPolicyLearner):
-    """Soft Q-targets with twin critics, reparameterised actor loss, temperature tuning.
+    """Soft Q-targets with twin critics (n_critics), reparameterised actor loss, temperature tuning.
 
     The three losses are taken on the same parameters and minimised by one Adam step, as in the
     authors' implementation (softlearning runs the Q, policy and temperature updates as one
@@ -223,9 +227,9 @@ class SACLearner(OffPolicyLearner):
             self.graphed = GraphedUpdate(self.train_batch, self.optimizers, self.generator)
 
     def make_critics(self, config: SACConfig) -> QCritics:
-        """The twin critics (with an encoder of their own for images or --encoder)."""
-        return QCritics(2, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config), config.activation,
-                        discrete=self.discrete, encoder=self.policy.fresh_encoder())
+        """The n_critics critics, twin by default (with an encoder of their own for images or --encoder)."""
+        return QCritics(config.n_critics, self.policy.obs_dim, self.policy.action_dim, critic_sizes(config),
+                        config.activation, discrete=self.discrete, encoder=self.policy.fresh_encoder())
 
     def init_temperature(self, config: SACConfig) -> None:
         """log alpha (learned unless config.alpha fixes it) and the entropy it aims for."""
@@ -242,12 +246,12 @@ class SACLearner(OffPolicyLearner):
         if self.discrete:
             return self._train_discrete(b)
         alpha = self.log_alpha.exp().detach()
-        with torch.no_grad():  # soft target: min of twin target critics minus alpha * log pi (eq. 3)
+        with torch.no_grad():  # soft target: min of the target critics minus alpha * log pi (eq. 3)
             next_a, next_logp = self.policy.sample(b.next_obs, self.generator)
             next_q = self.target_critics(b.next_obs, next_a).min(0).values
             target = b.rewards + b.discounts * (next_q - alpha * next_logp)
         features = self.critics.encode(b.obs)  # one encoder pass (images) for both losses
-        qs = self.critics(features, b.actions, encoded=True)  # [2, N]
+        qs = self.critics(features, b.actions, encoded=True)  # [K, N]
         critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
         a, logp = self.policy.sample(b.obs, self.generator)  # reparameterised (eq. 7)
         # dQ/da, no critic gradients (the encoder's features detached too)
@@ -262,8 +266,8 @@ class SACLearner(OffPolicyLearner):
             next_logp, next_p = self.policy.log_probs(b.next_obs)
             next_q = self.target_critics(b.next_obs).min(0).values
             target = b.rewards + b.discounts * (next_p * (next_q - alpha * next_logp)).sum(-1)
-        q_all = self.critics(b.obs)  # [2, N, actions]
-        qs = q_all.gather(-1, b.actions.expand(len(q_all), -1)[..., None]).squeeze(-1)  # [2, N]
+        q_all = self.critics(b.obs)  # [K, N, actions]
+        qs = q_all.gather(-1, b.actions.expand(len(q_all), -1)[..., None]).squeeze(-1)  # [K, N]
         critic_loss = (b.weights * (qs - target).pow(2)).sum(0).mean() * 0.5
         logp, p = self.policy.log_probs(b.obs)
         # The actor's loss uses the critics' values, not their gradients (eq. 12).

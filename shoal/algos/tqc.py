@@ -44,7 +44,7 @@ class TQCConfig(SACConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.n_quantiles >= 1 and self.n_critics >= 1, "n_quantiles and n_critics must be at least 1")
+        _check(self.n_quantiles >= 1, "n_quantiles must be at least 1")
         _check(0 <= self.top_quantiles_to_drop_per_net < self.n_quantiles,
                f"top_quantiles_to_drop_per_net must be in [0, n_quantiles) = [0, {self.n_quantiles}): "
                "the target keeps at least one quantile per critic")
