@@ -119,6 +119,9 @@ class CrossQConfig(SACConfig):
     """The critics' hidden widths (hidden_sizes: the actor's; None: the actor's for both). The
     authors found wide critics learn markedly faster (2048 in the paper; sb3-contrib's default
     1024), at a CPU cost: a 1024-wide critic update is several times a 256-wide one's."""
+    n_critics: int = 2
+    """Critics, each with its own Batch Renormalization statistics (no targets); the soft targets
+    and the actor's loss take their smallest value (sb3-contrib's n_critics)."""
     adam_beta1: float = 0.5
     """Adam's first-moment decay for every network (the paper's 0.5; 0.9 is Adam's usual)."""
     batch_norm_momentum: float = 0.01
