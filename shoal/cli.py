@@ -94,24 +94,22 @@ def _optional(info: tyro.constructors.PrimitiveTypeInfo) -> tyro.constructors.Pr
     if get_origin(info.type) not in (Union, types.UnionType):
         return None
     kinds = [t for t in get_args(info.type) if t is not type(None)]
-    lists = {tuple[int, ...]: (int, _whole_number), tuple[str, ...]: (str, str)}
-    if len(kinds) == 1 and len(get_args(info.type)) == 2 and kinds[0] in lists:  # --critic-hidden-sizes 64 64
-        item, parse_item = lists[kinds[0]]
-        name = item.__name__.upper()
-        return tyro.constructors.PrimitiveConstructorSpec(
-            nargs="*", metavar=f"[{name} [{name} ...]]",
-            instance_from_str=lambda args: None if args == ["None"] else tuple(map(parse_item, args)),
-            is_instance=lambda x: x is None or (isinstance(x, tuple) and all(isinstance(v, item) for v in x)),
-            str_from_instance=lambda x: ["None"] if x is None else [str(v) for v in x])
-    if len(kinds) != 1 or len(get_args(info.type)) != 2 or kinds[0] not in (int, float, str):
+    if len(kinds) != 1 or len(get_args(info.type)) != 2:
         return None
-    kind = kinds[0]
+    many = get_origin(kinds[0]) is tuple and get_args(kinds[0])[1:] == (Ellipsis,)  # tuple[int, ...]
+    kind = get_args(kinds[0])[0] if many else kinds[0]
+    if kind not in (int, float, str):
+        return None
     parse = _whole_number if kind is int else kind
+    name = kind.__name__.upper()
+    values = (lambda x: x) if many else (lambda x: (x,))  # noqa: E731 - a flag's values; a number is one
     return tyro.constructors.PrimitiveConstructorSpec(
-        nargs=1, metavar=kind.__name__.upper(),
-        instance_from_str=lambda args: None if args[0] == "None" else parse(args[0]),
-        is_instance=lambda x: x is None or (isinstance(x, kind) and not isinstance(x, bool)),
-        str_from_instance=lambda x: [str(x)])
+        nargs="*" if many else 1, metavar=f"[{name} [{name} ...]]" if many else name,
+        instance_from_str=lambda args: (None if args == ["None"] else tuple(map(parse, args)) if many
+                                        else parse(args[0])),
+        is_instance=lambda x: x is None or ((isinstance(x, tuple) or not many)
+                                            and all(isinstance(v, kind) and not isinstance(v, bool) for v in values(x))),
+        str_from_instance=lambda x: ["None"] if x is None else [str(v) for v in values(x)])
 
 
 _RULES = {"positive": lambda v: v > 0, "at least 0": lambda v: v >= 0, "at least 1": lambda v: v >= 1}
