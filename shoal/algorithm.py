@@ -6,6 +6,7 @@ flat metrics. Nothing here depends on where the roles run.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from collections import deque
@@ -82,7 +83,8 @@ class Algorithm:
                                              self.action_space, self.store, name="learner",
                                              num_gpus=self.backend.learner_gpus(), **extra)
             self.inference = self._inference_servers() if config.inference == "central" else []
-            self.runners = [self.backend.make(self.spec.runner_cls or EnvRunner, config, i, self.store, "default",
+            self.runners = [self.backend.make(self.spec.runner_cls or EnvRunner, self.runner_config, i, self.store,
+                                              "default",
                                               shards[i % len(shards)] if shards else None,
                                               self.inference[i % len(self.inference)] if self.inference else None,
                                               name=f"runner-{i}", num_cpus=self.backend.runner_cpus(),
@@ -116,6 +118,15 @@ class Algorithm:
         self.failures_in_a_row = [0] * config.num_env_runners  # restarts of each runner since its last rollout
         self.runner_health: dict[int, dict[str, int]] = {}  # each runner's last reported counters
         self.retired = {"env_restarts": 0, "dropped_episodes": 0}  # counters of replaced runners
+
+    @property
+    def runner_config(self) -> Any:
+        """The settings runners are made with: on the ray backend, each in a process of its own,
+        their torch ops run on runner_torch_threads threads (in-process, on the driver's)."""
+        c = self.config
+        if self.backend.name != "ray" or c.runner_torch_threads == c.torch_threads:
+            return c
+        return dataclasses.replace(c, torch_threads=c.runner_torch_threads)
 
     def _inference_servers(self) -> list[Any]:
         """--inference central: servers that batch the runners' requests (threaded actors on Ray)."""
@@ -239,7 +250,7 @@ class Algorithm:
         self.incarnations[i] += 1
         time.sleep(min(5.0, 0.1 * 2 ** min(self.incarnations[i], 6)))  # back off a runner that keeps failing
         self.runners[i] = self.backend.replace(
-            self.runners[i], self.spec.runner_cls or EnvRunner, c, i, self.store, "default",
+            self.runners[i], self.spec.runner_cls or EnvRunner, self.runner_config, i, self.store, "default",
             self.shards[i % len(self.shards)] if self.shards else None,
             self.inference[i % len(self.inference)] if self.inference else None, self.incarnations[i],
             name=f"runner-{i}", num_cpus=self.backend.runner_cpus(), num_gpus=self.backend.runner_gpus())

@@ -150,6 +150,12 @@ class Config:
     or other role fails, before the run fails."""
     torch_threads: int = 1
     """Torch threads per process; small MLPs run fastest on one (see MEASURED.md)."""
+    runner_torch_threads: int = 1
+    """Torch threads of each env runner's process on the ray backend, where Ray reserves one CPU
+    per runner (in-process, runners share the driver's torch_threads). Their forward passes over a
+    few envs gain nothing from more, and several runners' threads on the same cores wait for each
+    other: two CrossQ runners on 2 cores sampled 8 steps each in 48-68 ms at once with 2 threads,
+    against 9-16 ms with 1 (BENCHMARKS.md)."""
     device: str = "cpu"
     """Where the learner's networks train (and --inference central's servers act): cpu, cuda,
     cuda:N, or auto (cuda where there is one). Runners act where --runner-device says, and
@@ -204,6 +210,7 @@ class Config:
         _check(self.log_interval >= 1, "log_interval must be at least 1")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints must be at least 1")
         _check(self.torch_threads >= 1, "torch_threads must be at least 1")
+        _check(self.runner_torch_threads >= 1, "runner_torch_threads must be at least 1")
         from shoal.devices import named
 
         for flag, spec, role in (("--device", self.device, "the learner uses the GPU Ray gives it"),

@@ -8,6 +8,7 @@ import pytest
 
 import shoal
 from shoal.algos.ppo import PPOConfig
+from shoal.algos.sac import SACConfig
 from shoal.config import build
 
 # The "ray" group keeps the Ray tests on one xdist worker (`--dist loadgroup`), one cluster at a
@@ -27,12 +28,11 @@ def ray_cluster():
 
 
 def sac_config(**kw):
-    from shoal.algos.sac import SACConfig
-
     # 32 steps an iteration with 2 runners: the first, then the 64 random steps left in one rollout
     # each (16 steps per env), then 2 iterations of updates
-    return SACConfig(env="Pendulum-v1", hidden_sizes=(32, 32), batch_size=32, learning_starts=96, rollout_steps=8,
-                     num_envs_per_runner=2, torch_threads=1, progress=False, tensorboard=False, **kw)
+    return SACConfig(**{"env": "Pendulum-v1", "hidden_sizes": (32, 32), "batch_size": 32, "learning_starts": 96,
+                        "rollout_steps": 8, "num_envs_per_runner": 2, "torch_threads": 1, "progress": False,
+                        "tensorboard": False, **kw})
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac", "ppo-sde", pytest.param("sac-sde", marks=pytest.mark.slow), "ars"])
@@ -64,6 +64,28 @@ def test_ray_and_local_compute_the_same_parameters(ray_cluster, tiny, algo):
             steps[backend] = metrics["env_steps"]
             results[backend] = algo_.backend.get(algo_.learner.call("get_weights"))
     assert steps["local"] == steps["ray"]
+    for k, v in results["local"].items():
+        np.testing.assert_array_equal(v, results["ray"][k], err_msg=k)
+
+
+def test_runners_on_ray_run_their_own_torch_threads_and_act_as_local_ones_do(ray_cluster):
+    """On Ray each runner reserves one CPU, and its process runs runner_torch_threads torch threads
+    (1) while the learner's runs torch_threads (2); the runners' forward passes on 1 thread give the
+    actions the local backend's give on 2, so both backends train the same parameters."""
+    import ray
+    import torch
+
+    def threads(handle):
+        return ray.get(handle.actor.__ray_call__.remote(lambda _: torch.get_num_threads()))
+
+    results = {}
+    for backend in ("local", "ray"):
+        with shoal.make(sac_config(backend=backend, num_env_runners=2, seed=11, torch_threads=2)) as algo:
+            if backend == "ray":
+                assert [threads(r) for r in algo.runners] == [1, 1] and threads(algo.learner) == 2
+            for _ in range(6):
+                algo.train()
+            results[backend] = algo.backend.get(algo.learner.call("get_weights"))
     for k, v in results["local"].items():
         np.testing.assert_array_equal(v, results["ray"][k], err_msg=k)
 
@@ -345,6 +367,7 @@ def test_a_scripts_env_reaches_the_ray_workers_and_ray_outlives_the_first_of_two
 SIGTERM_AFTER_RAY_STARTS = """
 import os, signal, sys, time
 from shoal.algos.ppo import PPOConfig
+from shoal.algos.sac import SACConfig
 from shoal.backends import RayBackend
 
 got = []
