@@ -7,6 +7,7 @@ flat metrics. Nothing here depends on where the roles run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 import time
 from collections import deque
@@ -84,8 +85,7 @@ class Algorithm:
                                              num_gpus=self.backend.learner_gpus(), **extra)
             self.inference = self._inference_servers() if config.inference == "central" else []
             self.runners = [self.backend.make(self.spec.runner_cls or EnvRunner, self.runner_config, i, self.store,
-                                              "default",
-                                              shards[i % len(shards)] if shards else None,
+                                              "default", shards[i % len(shards)] if shards else None,
                                               self.inference[i % len(self.inference)] if self.inference else None,
                                               name=f"runner-{i}", num_cpus=self.backend.runner_cpus(),
                                               num_gpus=self.backend.runner_gpus())
@@ -119,7 +119,7 @@ class Algorithm:
         self.runner_health: dict[int, dict[str, int]] = {}  # each runner's last reported counters
         self.retired = {"env_restarts": 0, "dropped_episodes": 0}  # counters of replaced runners
 
-    @property
+    @functools.cached_property
     def runner_config(self) -> Any:
         """The settings runners are made with: on the ray backend, each in a process of its own,
         their torch ops run on runner_torch_threads threads (in-process, on the driver's)."""

@@ -367,7 +367,6 @@ def test_a_scripts_env_reaches_the_ray_workers_and_ray_outlives_the_first_of_two
 SIGTERM_AFTER_RAY_STARTS = """
 import os, signal, sys, time
 from shoal.algos.ppo import PPOConfig
-from shoal.algos.sac import SACConfig
 from shoal.backends import RayBackend
 
 got = []
