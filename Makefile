@@ -44,8 +44,12 @@ demo: install
 test: install-dev
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q --durations=15
 
+# Tests marked alone run after the others, one at a time: a learner on 2 torch threads beside
+# another busy process on these 2 cores runs 5-25x slower (BENCHMARKS.md, "Torch threads beside
+# other busy processes"), and in one `-n 2` run two such tests both ran past their timeouts.
 test-slow: install-dev
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m slow
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "slow and not alone"
+	$(BIN)/python -m pytest -q -m "slow and alone"
 
 bench: install-bench
 	$(BIN)/python benchmarks/run_all.py
