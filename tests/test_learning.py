@@ -207,7 +207,7 @@ def test_sac_with_gsde_reaches_the_flag_of_mountain_car(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # 2 torch threads: beside another worker it passed 2,400 s (2026-12-02)
+@pytest.mark.alone  # 2 torch threads: beside another worker it ran past 2,400 s (2026-12-02)
 @pytest.mark.timeout(2400)  # 16-20 minutes here, past the suite's 900 s a test
 def test_sac_with_gsde_walks_bipedalwalker(tmp_path):
     """rl-zoo's BipedalWalker-v3 preset (gSDE held for rollouts of 64 steps, 400x300 networks):
@@ -259,7 +259,7 @@ def test_sac_reaches_the_target_from_a_camera_and_its_own_position(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.alone  # the preset's 2 torch threads: beside another worker it passed 900 s (2026-12-02)
+@pytest.mark.alone  # the preset's 2 torch threads: beside another worker it ran past 900 s (2026-12-02)
 def test_sac_runs_on_mujocos_half_cheetah_with_its_preset(tmp_path):
     """HalfCheetah-v5's preset (rl-zoo's: SAC's defaults after 10k random steps): random actions
     score ~-280, and rl-zoo's SAC ~9,500 after 1M steps. Seed 0 had 2,248 at 35k steps and 3,469
