@@ -16,7 +16,8 @@ into benchmarks/results/lunar_sac.json, the curves into benchmarks/results/lunar
 With ``--algo crossq``, shoal's CrossQ preset against sb3-contrib's CrossQ with the same settings
 (rl-zoo's: sb3-contrib's defaults, lr 1e-3, policy delay 3, Adam's beta1 0.5, Batch
 Renormalization's momentum 0.01 and 100k warm-up passes, 10k random steps), 256-wide actor and
-critics on both (shoal's preset; rl-zoo's 1024-wide critics update 5x as slowly on these CPUs);
+critics on both (shoal's preset; rl-zoo's 1024-wide critics update 5x as slowly on these CPUs)
+and the preset's updates per env step on both (0.5: SB3's ``train_freq=2``; rl-zoo's is 1);
 the results go to lunar_crossq.json and .png. With ``--algo tqc``, shoal's TQC preset against
 sb3-contrib's TQC with the same settings (rl-zoo's: SAC's above, with a linear learning-rate decay
 over 500k steps; 2 critics of 25 quantiles, 2 dropped per critic); lunar_tqc.json and .png. The
@@ -69,10 +70,15 @@ def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int
 
     torch.set_num_threads(threads)
     if algo == "crossq":
+        import shoal
         from sb3_contrib import CrossQ
 
+        # shoal's preset's updates per env step (0.5): SB3's train_freq env steps per gradient_steps updates
+        utd = shoal.make_config(algo, ENV).updates_per_step
+        every = {"train_freq": round(1 / utd), "gradient_steps": 1} if utd < 1 else {"gradient_steps": round(utd)}
         return sb3_time_to(lambda: CrossQ("MlpPolicy", ENV, learning_rate=1e-3, buffer_size=1_000_000, batch_size=256,
                                           gamma=0.99, learning_starts=10_000, policy_delay=3, seed=seed, device="cpu",
+                                          **every,
                                           policy_kwargs={"net_arch": {"pi": [256, 256], "qf": [256, 256]}}),
                            ENV, TARGET, seed, eval_every, max_steps, check_episodes)
     model_cls, lr = SAC, 7.3e-4  # rl-zoo's SAC settings; its TQC's are the same but for a decaying lr
