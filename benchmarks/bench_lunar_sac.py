@@ -70,15 +70,12 @@ def sb3_time(algo: str, seed: int, eval_every: int, max_steps: int, threads: int
 
     torch.set_num_threads(threads)
     if algo == "crossq":
-        import shoal
         from sb3_contrib import CrossQ
 
-        # shoal's preset's updates per env step (0.5): SB3's train_freq env steps per gradient_steps updates
-        utd = shoal.make_config(algo, ENV).updates_per_step
-        every = {"train_freq": round(1 / utd), "gradient_steps": 1} if utd < 1 else {"gradient_steps": round(utd)}
+        # train_freq=2: one update per 2 env steps, as shoal's preset (updates_per_step 0.5)
         return sb3_time_to(lambda: CrossQ("MlpPolicy", ENV, learning_rate=1e-3, buffer_size=1_000_000, batch_size=256,
                                           gamma=0.99, learning_starts=10_000, policy_delay=3, seed=seed, device="cpu",
-                                          **every,
+                                          train_freq=2,
                                           policy_kwargs={"net_arch": {"pi": [256, 256], "qf": [256, 256]}}),
                            ENV, TARGET, seed, eval_every, max_steps, check_episodes)
     model_cls, lr = SAC, 7.3e-4  # rl-zoo's SAC settings; its TQC's are the same but for a decaying lr
