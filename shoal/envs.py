@@ -740,7 +740,14 @@ def masked_observation(flat: np.ndarray, mask: Any) -> np.ndarray:
 
 
 def file_name(env_id: str) -> str:
-    """``env_id`` as part of a file name (``ALE/Pong-v5`` -> ``ALE_Pong-v5``)."""
+    """``env_id`` as part of a file name (``ALE/Pong-v5`` -> ``ALE_Pong-v5``). Env servers are
+    named by the env id they serve when the URL gives it (``remote://H1:P1,H2:P2/CartPole-v1`` ->
+    ``remote-CartPole-v1``), else by the first server and how many more there are
+    (``remote://127.0.0.1:50051,127.0.0.1:50052`` -> ``remote-127.0.0.1_50051+1``)."""
+    if is_remote(env_id):
+        hosts, _, served = env_id[len("remote://"):].partition("/")
+        first, *more = hosts.split(",")
+        env_id = "remote-" + (served or first + (f"+{len(more)}" if more else ""))
     return env_id.replace("/", "_").replace(":", "_")
 
 

@@ -138,6 +138,19 @@ def test_env_servers_named_by_a_repeated_flag_or_a_list_in_a_config_file_and_eva
     assert "add --env ENV_ID" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("env, name", [
+    ("remote://127.0.0.1:50051,127.0.0.1:50052/CartPole-v1", "remote-CartPole-v1"),
+    ("remote://127.0.0.1:50051/ALE/Pong-v5", "remote-ALE_Pong-v5"),
+    ("remote://127.0.0.1:50051", "remote-127.0.0.1_50051"),
+    ("remote://10.0.0.5:50051,10.0.0.6:50051,10.0.0.7:50051", "remote-10.0.0.5_50051+2"),
+])
+def test_a_run_on_env_servers_gets_a_run_directory_named_by_its_env_or_first_server(env, name):
+    from shoal.rundir import RunDir
+
+    path = RunDir.default_path("ppo", env, 0)
+    assert path.parent.name == "runs" and path.name.startswith(f"ppo-{name}-") and path.name.endswith("-s0")
+
+
 def spoiling(servers, spoil, env_id="CartPole-v1"):
     """A started env server of 2 ``env_id`` envs whose step replies ``spoil`` changes."""
     class Spoiling(EnvServer):
