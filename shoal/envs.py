@@ -745,8 +745,9 @@ def file_name(env_id: str) -> str:
     ``remote-CartPole-v1``), else by the first server and how many more there are
     (``remote://127.0.0.1:50051,127.0.0.1:50052`` -> ``remote-127.0.0.1_50051+1``)."""
     if is_remote(env_id):
-        hosts, _, served = env_id[len("remote://"):].partition("/")
-        first, *more = hosts.split(",")
+        from shoal.remote.client import parse_url
+
+        (first, *more), served = parse_url(env_id)
         env_id = "remote-" + (served or first + (f"+{len(more)}" if more else ""))
     return env_id.replace("/", "_").replace(":", "_")
 
